@@ -1,0 +1,1 @@
+"""OpenTelemetry instrumentation for RL-environment infrastructure (work in progress)."""

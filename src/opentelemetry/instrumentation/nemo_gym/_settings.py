@@ -1,0 +1,105 @@
+"""Typed, forgiving reads of the ``OTEL_PYTHON_NEMO_GYM_*`` environment variables.
+
+Each reader returns the documented default when the variable is unset. A value that does not
+parse is logged once per (variable, value) with both named, and the default is used: a typo in
+a deployment's environment must never stop the application or raise at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+
+logger = logging.getLogger(__name__)
+
+_WARNED: set[tuple[str, str]] = set()
+_WARNED_LOCK = threading.Lock()
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
+    with _WARNED_LOCK:
+        if (name, raw) in _WARNED:
+            return
+        _WARNED.add((name, raw))
+    logger.warning("%s=%r is not %s; using the default %r", name, raw, expected, default)
+
+
+def read_bool(name: str, default: bool) -> bool:
+    """Return the boolean value of ``name``: true/false, 1/0, yes/no, on/off."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    _warn_once(name, raw, "a boolean (true or false)", default)
+    return default
+
+
+def read_int(name: str, default: int | None, *, minimum: int) -> int | None:
+    """Return the integer value of ``name``, which must be at least ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        _warn_once(name, raw, f"an integer >= {minimum}", default)
+        return default
+    return value
+
+
+def read_float(name: str, default: float, *, minimum: float) -> float:
+    """Return the finite float value of ``name``, which must be at least ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not (minimum <= value < float("inf")):
+        _warn_once(name, raw, f"a finite number >= {minimum}", default)
+        return default
+    return value
+
+
+def connection_pool_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL, True)
+
+
+def sandbox_resources_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES, True)
+
+
+def sandbox_resource_interval() -> float:
+    """Seconds between usage samples; 0 turns periodic sampling off."""
+    return read_float(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL, 10.0, minimum=0.0)
+
+
+def workers() -> int:
+    value = read_int(env.OTEL_PYTHON_NEMO_GYM_WORKERS, 1, minimum=1)
+    return 1 if value is None else value
+
+
+def intended_concurrency() -> int | None:
+    return read_int(env.OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY, None, minimum=1)
+
+
+def intended_concurrency_per_host() -> int | None:
+    return read_int(env.OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST, None, minimum=1)
+
+
+def max_server_names() -> int:
+    value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES, 100, minimum=1)
+    return 100 if value is None else value

@@ -1,0 +1,1 @@
+"""Sandbox resource telemetry: what each sandbox asked for, was allocated and used."""

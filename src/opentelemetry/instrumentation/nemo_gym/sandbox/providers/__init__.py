@@ -1,0 +1,1 @@
+"""Sandbox providers: the protocol and the bundled real implementations."""

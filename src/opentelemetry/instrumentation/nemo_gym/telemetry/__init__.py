@@ -1,0 +1,1 @@
+"""aiohttp connection-pool telemetry: queue waits, connects per destination, capacity checks."""
