@@ -1,0 +1,154 @@
+"""Swap ``aiohttp.TCPConnector(...)`` for the queue-timed connector at construction time.
+
+The patch is a ``__new__`` installed on ``TCPConnector`` itself, not a replacement of the
+``aiohttp.TCPConnector`` name: code that imported the class before ``instrument()``, and
+aiohttp's own ``ClientSession()``/``aiohttp.request()`` (which build a ``TCPConnector`` from
+inside ``aiohttp.client``), all go through the class, so all of them are covered, and
+``isinstance(connector, aiohttp.TCPConnector)`` stays true. When ``__new__`` returns an
+instance of a subclass, Python runs that subclass's ``__init__`` with the caller's arguments,
+so the queue-timed connector is initialised exactly as the plain one would have been.
+
+Only ``TCPConnector(...)`` itself is redirected: subclasses (including ours) are somebody's
+deliberate choice and construct as they always did.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from opentelemetry.instrumentation.nemo_gym import _settings
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    QueueTimedTCPConnector,
+    connection_pool_capacity,
+    report_connection_pool_capacity,
+)
+
+logger = logging.getLogger(__name__)
+
+# ``__new__`` defined on TCPConnector's own class dict before we patched it, if any; restored
+# exactly on unpatch. ``_MISSING`` means "there was none: delete ours".
+_MISSING = object()
+_original_new: object = _MISSING
+_patched = False
+_lock = threading.Lock()
+_failure_logged = False
+
+
+class _ConnectorConfig:
+    """One connector's limits as a process-group budget, for the capacity report.
+
+    A connector's ``limit`` is what *this* process may use; the capacity report takes budgets
+    for the whole process group and divides them across ``workers``. Multiplying back keeps the
+    division exact, while intended demand stays what the operator configured for the group.
+    """
+
+    __slots__ = (
+        "global_aiohttp_connector_limit",
+        "global_aiohttp_connector_limit_per_host",
+        "global_aiohttp_intended_concurrency",
+        "global_aiohttp_intended_concurrency_per_host",
+    )
+
+    def __init__(self, limit: int, limit_per_host: int, workers: int) -> None:
+        self.global_aiohttp_connector_limit = limit * workers
+        self.global_aiohttp_connector_limit_per_host = limit_per_host * workers
+        self.global_aiohttp_intended_concurrency = _settings.intended_concurrency()
+        self.global_aiohttp_intended_concurrency_per_host = (
+            _settings.intended_concurrency_per_host()
+        )
+
+
+def _keyword_default(name: str, fallback: int) -> int:
+    parameter = inspect.signature(aiohttp.TCPConnector.__init__).parameters.get(name)
+    if parameter is None or not isinstance(parameter.default, int):
+        return fallback
+    return parameter.default
+
+
+# aiohttp's own defaults, read once, for constructions that leave the limits out.
+_DEFAULT_LIMIT = _keyword_default("limit", 100)
+_DEFAULT_LIMIT_PER_HOST = _keyword_default("limit_per_host", 0)
+
+
+def report_connector_capacity(kwargs: dict[str, Any]) -> None:
+    """Report the pool sizing of a ``TCPConnector(**kwargs)`` construction.
+
+    Called before ``__init__`` runs, so the limits come from the arguments and aiohttp's
+    defaults. The capacity report logs each distinct configuration once.
+    """
+    limit = kwargs.get("limit", _DEFAULT_LIMIT)
+    limit_per_host = kwargs.get("limit_per_host", _DEFAULT_LIMIT_PER_HOST)
+    if not isinstance(limit, int) or not isinstance(limit_per_host, int):
+        return
+    workers = _settings.workers()
+    cfg = _ConnectorConfig(limit, limit_per_host, workers)
+    report_connection_pool_capacity(cfg, connection_pool_capacity(cfg, workers))
+
+
+def _log_failure_once() -> None:
+    global _failure_logged
+    if not _failure_logged:
+        _failure_logged = True
+        logger.warning(
+            "nemo_gym connection-pool instrumentation failed while choosing a connector; "
+            "using a plain aiohttp.TCPConnector",
+            exc_info=True,
+        )
+
+
+def patch_tcp_connector(should_time: Callable[[], bool]) -> None:
+    """Make ``TCPConnector(...)`` build a ``QueueTimedTCPConnector`` while ``should_time()``.
+
+    ``should_time`` is asked once per construction (cheap: it checks whether metrics are
+    exported). Idempotent; any failure in our choice falls back to the plain connector.
+    """
+    global _original_new, _patched
+    with _lock:
+        if _patched:
+            return
+        _original_new = aiohttp.TCPConnector.__dict__.get("__new__", _MISSING)
+
+        def __new__(cls: type[aiohttp.TCPConnector], *args: Any, **kwargs: Any) -> Any:  # noqa: N807
+            target: type[aiohttp.TCPConnector] = cls
+            if cls is aiohttp.TCPConnector:
+                try:
+                    if should_time():
+                        target = QueueTimedTCPConnector
+                except Exception:
+                    _log_failure_once()
+                try:
+                    report_connector_capacity(kwargs)
+                except Exception:
+                    # A limit aiohttp itself will refuse, or a report that cannot be made:
+                    # the application's own construction decides what happens next.
+                    logger.debug("nemo_gym could not report connector capacity", exc_info=True)
+            # object.__new__ refuses extra arguments once __new__ is overridden; __init__
+            # receives them from type.__call__.
+            return object.__new__(target)
+
+        aiohttp.TCPConnector.__new__ = __new__  # type: ignore[method-assign,assignment]
+        _patched = True
+
+
+def unpatch_tcp_connector() -> None:
+    """Restore ``TCPConnector`` construction exactly as it was before the patch."""
+    global _original_new, _patched
+    with _lock:
+        if not _patched:
+            return
+        if _original_new is _MISSING:
+            del aiohttp.TCPConnector.__new__
+        else:
+            aiohttp.TCPConnector.__new__ = _original_new  # type: ignore[method-assign,assignment]
+        _original_new = _MISSING
+        _patched = False
+
+
+def is_patched() -> bool:
+    return _patched
