@@ -1,0 +1,84 @@
+"""``opentelemetry-instrument`` loads the plugin through its entry point, in a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).parent / "apps" / "saturated_client.py"
+QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
+
+pytestmark = pytest.mark.integration
+
+
+def run_instrumented(**overrides: str) -> subprocess.CompletedProcess[str]:
+    """Run the app under ``opentelemetry-instrument`` with console exporters by default."""
+    bin_dir = Path(sys.executable).parent
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OTEL_", "NEMO_GYM"))
+    }
+    env.update(
+        OTEL_SERVICE_NAME="nemo-gym-auto-test",
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        # A long interval: the one export we read happens at shutdown.
+        OTEL_METRIC_EXPORT_INTERVAL="60000",
+    )
+    env.update(overrides)
+    return subprocess.run(
+        [str(bin_dir / "opentelemetry-instrument"), sys.executable, str(APP)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_opentelemetry_instrument_exports_queue_histogram() -> None:
+    """With the console exporter, the queue histogram and its attributes appear in the output."""
+    result = run_instrumented()
+    assert result.returncode == 0, result.stderr
+    assert "connector=QueueTimedTCPConnector" in result.stdout
+    assert QUEUE_METRIC in result.stdout
+    assert '"nemo.gym.http.connection_pool.queue_constraint": "total"' in result.stdout
+    assert '"nemo.gym.http.destination.server.name": "external"' in result.stdout
+
+
+def test_opentelemetry_instrument_respects_disabled_instrumentations() -> None:
+    """``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=nemo_gym`` leaves aiohttp untouched."""
+    result = run_instrumented(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="nemo_gym")
+    assert result.returncode == 0, result.stderr
+    assert "connector=TCPConnector" in result.stdout
+    assert QUEUE_METRIC not in result.stdout
+
+
+def test_opentelemetry_instrument_without_metrics_exporter_builds_plain_connectors() -> None:
+    """``OTEL_METRICS_EXPORTER=none`` means nothing is exported, so connectors stay plain."""
+    result = run_instrumented(OTEL_METRICS_EXPORTER="none")
+    assert result.returncode == 0, result.stderr
+    assert "connector=TCPConnector" in result.stdout
+    assert QUEUE_METRIC not in result.stdout
+
+
+def test_opentelemetry_instrument_with_sdk_disabled_builds_plain_connectors() -> None:
+    """``OTEL_SDK_DISABLED=true`` turns the timed connector off as well."""
+    result = run_instrumented(OTEL_SDK_DISABLED="true")
+    assert result.returncode == 0, result.stderr
+    assert "connector=TCPConnector" in result.stdout
+    assert QUEUE_METRIC not in result.stdout
+
+
+def test_opentelemetry_instrument_bad_setting_warns_and_runs() -> None:
+    """A malformed variable is named in one warning and the app runs with the default."""
+    result = run_instrumented(OTEL_PYTHON_NEMO_GYM_WORKERS="three")
+    assert result.returncode == 0, result.stderr
+    assert "connector=QueueTimedTCPConnector" in result.stdout
+    assert result.stderr.count("OTEL_PYTHON_NEMO_GYM_WORKERS='three'") == 1

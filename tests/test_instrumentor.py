@@ -1,0 +1,268 @@
+"""``NemoGymInstrumentor``: connector construction, idempotence, restoration, configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    QueueTimedTCPConnector,
+    reset_server_name,
+    set_server_name,
+)
+
+from conftest import ServerFactory
+
+QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
+CONNECT_METRIC = "gym.http.connection_pool.connect_total"
+SERVER_NAME = "nemo.gym.http.destination.server.name"
+
+
+@pytest.fixture
+def instrumentor() -> Iterator[NemoGymInstrumentor]:
+    """The singleton instrumentor, always uninstrumented after the test."""
+    instance = NemoGymInstrumentor()
+    instance.uninstrument()
+    yield instance
+    instance.uninstrument()
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    found: list[Any] = []
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name == name:
+                    found.extend(metric.data.data_points)
+    return found
+
+
+class CountingMeterProvider(MeterProvider):
+    """A real SDK meter provider that counts how often a meter is asked for."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.get_meter_calls = 0
+
+    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+        self.get_meter_calls += 1
+        return super().get_meter(*args, **kwargs)
+
+
+async def test_instrument_tcp_connector_is_timed_while_exporting(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
+) -> None:
+    """``TCPConnector(...)`` and the one inside ``ClientSession()`` become timed connectors."""
+    instrumentor.instrument(meter_provider=meter_provider)
+    connector = aiohttp.TCPConnector(limit=3)
+    assert type(connector) is QueueTimedTCPConnector
+    assert isinstance(connector, aiohttp.TCPConnector)
+    assert connector.limit == 3
+    async with aiohttp.ClientSession() as session:
+        assert type(session.connector) is QueueTimedTCPConnector
+    await connector.close()
+
+
+async def test_instrument_aiohttp_request_counts_connects(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    loopback_server: ServerFactory,
+) -> None:
+    """``aiohttp.request()`` builds its own session, whose connector is timed too."""
+    server = await loopback_server("127.0.0.1")
+    instrumentor.instrument(meter_provider=meter_provider)
+    token = set_server_name("via-aiohttp-request")
+    try:
+        async with aiohttp.request("GET", server.url) as response:
+            assert response.status == 200
+    finally:
+        reset_server_name(token)
+    counts = {p.attributes[SERVER_NAME]: p.value for p in points(metric_reader, CONNECT_METRIC)}
+    assert counts.get("via-aiohttp-request") == 1
+
+
+async def test_instrument_saturated_pool_records_queue_waits(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    loopback_server: ServerFactory,
+) -> None:
+    """Through the patched construction, queued requests produce queue-duration samples."""
+    server = await loopback_server("127.0.0.1", delay_s=0.01)
+    instrumentor.instrument(meter_provider=meter_provider)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as session:
+
+        async def get() -> int:
+            async with session.get(server.url) as response:
+                await response.read()
+                return response.status
+
+        statuses = await asyncio.gather(*(get() for _ in range(8)))
+    assert statuses == [200] * 8
+    assert server.max_in_flight <= 2
+    histogram = points(metric_reader, QUEUE_METRIC)
+    # Two requests got a free slot; the other six queued once each at least.
+    assert sum(p.count for p in histogram) >= 6
+
+
+async def test_instrument_leaves_subclasses_and_earlier_connectors_alone(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
+) -> None:
+    """A subclass of ``TCPConnector`` and a connector built before ``instrument()`` stay as they are."""
+
+    class OwnConnector(aiohttp.TCPConnector):
+        pass
+
+    earlier = aiohttp.TCPConnector()
+    instrumentor.instrument(meter_provider=meter_provider)
+    own = OwnConnector(limit=5)
+    assert type(own) is OwnConnector
+    assert own.limit == 5
+    assert type(earlier) is aiohttp.TCPConnector
+    await own.close()
+    await earlier.close()
+
+
+async def test_uninstrument_restores_construction(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
+) -> None:
+    """After ``uninstrument()``, ``TCPConnector`` has no ``__new__`` of ours and builds itself."""
+    had_new = "__new__" in aiohttp.TCPConnector.__dict__
+    instrumentor.instrument(meter_provider=meter_provider)
+    assert "__new__" in aiohttp.TCPConnector.__dict__
+    instrumentor.uninstrument()
+    assert ("__new__" in aiohttp.TCPConnector.__dict__) == had_new
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+
+
+async def test_instrument_twice_is_harmless(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
+) -> None:
+    """A second ``instrument()`` changes nothing, and one ``uninstrument()`` restores."""
+    instrumentor.instrument(meter_provider=meter_provider)
+    instrumentor.instrument(meter_provider=meter_provider)
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is QueueTimedTCPConnector
+    await connector.close()
+    instrumentor.uninstrument()
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+
+
+async def test_instrument_without_metric_readers_builds_plain_connectors(
+    instrumentor: NemoGymInstrumentor,
+) -> None:
+    """A meter provider that exports nowhere gets plain connectors, decided per construction."""
+    silent = MeterProvider()
+    instrumentor.instrument(meter_provider=silent)
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+    silent.shutdown()
+
+
+async def test_instrument_global_provider_is_resolved_per_construction(
+    instrumentor: NemoGymInstrumentor, global_meter_provider: MeterProvider
+) -> None:
+    """With no explicit provider, the global SDK provider is used when connectors are built."""
+    instrumentor.instrument()
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is QueueTimedTCPConnector
+    await connector.close()
+
+
+async def test_instrument_creates_instruments_once(instrumentor: NemoGymInstrumentor) -> None:
+    """Many sessions share the instruments made by ``instrument()``; no meter per session."""
+    reader = InMemoryMetricReader()
+    provider = CountingMeterProvider(metric_readers=[reader])
+    instrumentor.instrument(meter_provider=provider)
+    calls_after_instrument = provider.get_meter_calls
+    for _ in range(20):
+        async with aiohttp.ClientSession() as session:
+            assert type(session.connector) is QueueTimedTCPConnector
+    assert calls_after_instrument == 1
+    assert provider.get_meter_calls == calls_after_instrument
+    provider.shutdown()
+
+
+async def test_instrument_never_raises(
+    instrumentor: NemoGymInstrumentor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider that is not a provider is logged; ``instrument()`` returns and aiohttp works."""
+    with caplog.at_level(logging.ERROR):
+        instrumentor.instrument(meter_provider=object(), tracer_provider=object())
+    assert "nemo_gym" in caplog.text
+    connector = aiohttp.TCPConnector()
+    assert isinstance(connector, aiohttp.TCPConnector)
+    await connector.close()
+
+
+async def test_instrument_connection_pool_disabled_by_environment(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL=false`` leaves connector construction alone."""
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL", "false")
+    instrumentor.instrument(meter_provider=meter_provider)
+    assert "__new__" not in aiohttp.TCPConnector.__dict__
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+
+
+async def test_instrument_reports_each_connector_configuration_once(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each distinct (workers, limits, intended) configuration is reported exactly once."""
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_WORKERS", "4")
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY", "400")
+    connection_pool._REPORTED_CAPACITIES.clear()
+    instrumentor.instrument(meter_provider=meter_provider)
+    with caplog.at_level(logging.INFO, logger=connection_pool.logger.name):
+        connectors = [aiohttp.TCPConnector(limit=37) for _ in range(3)]
+        connectors.append(aiohttp.TCPConnector(limit=38))
+    reports = [r for r in caplog.records if "workers=4" in r.getMessage()]
+    assert len(reports) == 2, [r.getMessage() for r in caplog.records]
+    # The connector's own limit is per process: four workers make a group budget of 148.
+    assert any("37" in r.getMessage() for r in reports)
+    # 400 intended across 4 workers is 100 per worker, above each connector's limit.
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings
+    for connector in connectors:
+        await connector.close()
+
+
+async def test_instrument_bad_environment_value_warns_once(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A malformed variable gets one warning naming it and its value; the default is used."""
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_WORKERS", "-2x")
+    instrumentor.instrument(meter_provider=meter_provider)
+    with caplog.at_level(logging.WARNING):
+        connectors = [aiohttp.TCPConnector(limit=n) for n in (41, 42, 43)]
+    named = [r for r in caplog.records if "OTEL_PYTHON_NEMO_GYM_WORKERS='-2x'" in r.getMessage()]
+    assert len(named) == 1
+    assert all(type(c) is QueueTimedTCPConnector for c in connectors)
+    for connector in connectors:
+        await connector.close()
