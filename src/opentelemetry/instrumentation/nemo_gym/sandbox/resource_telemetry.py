@@ -1,21 +1,51 @@
 """Best-effort resource records in the existing sandbox trace stream.
 
-(Work in progress: the value types below are final; the record, sampler and attribute
-functions of reference page 000 are added beside them.)
+Three layers, in reading order: the value types a provider returns (``ResourceDesignator``,
+``ComponentAllocation``, ``ResourceAllocation``, the ``ResourceProvider`` protocol); pure
+functions that turn them and a ``SandboxSpec`` into span attributes (no I/O, no
+OpenTelemetry); and the edge that emits them, ``ResourceSampler``, whose records are short
+``sandbox.resources`` spans parented to the context the sandbox was created in.
+
+Records are best effort: a provider that raises or hangs still yields a record, carrying
+``resource.error``, and its exception never reaches the caller.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 from urllib.parse import urlsplit
 
+from opentelemetry import context, trace
+from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxResourceAmounts,
+    SandboxResources,
+    SandboxSpec,
 )
+from opentelemetry.instrumentation.nemo_gym.version import __version__
+
+__all__ = [
+    "PREFIX",
+    "PROVIDER_CALL_TIMEOUT_S",
+    "Attribute",
+    "ComponentAllocation",
+    "ResourceAllocation",
+    "ResourceDesignator",
+    "ResourceProvider",
+    "ResourceSampler",
+    "allocation_attributes",
+    "amount_attributes",
+    "record_request",
+    "requested_attributes",
+    "sampling_interval",
+]
 
 Attribute = str | int | float | bool
 
@@ -104,5 +134,352 @@ class ResourceProvider(Protocol):
         ...
 
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
-        """One usage sample, keyed ``PREFIX + "usage.<quantity>"`` (a key without ``PREFIX`` gets it)."""
+        """One usage sample keyed ``PREFIX + "usage.<quantity>"`` (``PREFIX`` added if absent)."""
         ...
+
+
+# --- attribute building: pure functions, no I/O, no OpenTelemetry -------------------------
+
+_QUANTITIES = ("cpu", "memory_mib", "disk_gib", "gpu")
+
+RECORD_SPAN_NAME = "sandbox.resources"
+_SCOPE = "opentelemetry.instrumentation.nemo_gym"
+
+# The longest one provider call may take inside a record. A sampler uses the shorter of this
+# and its interval, so a hung provider delays neither the next sample nor ``stop()`` by more.
+PROVIDER_CALL_TIMEOUT_S = 5.0
+
+
+def _string_array(values: Sequence[str]) -> Attribute:
+    # OpenTelemetry attribute values include homogeneous sequences; the page's ``Attribute``
+    # alias names only the scalars, so a string array is cast to it here, in one place.
+    return cast(Attribute, tuple(values))
+
+
+def amount_attributes(amounts: SandboxResourceAmounts, prefix: str) -> dict[str, Attribute]:
+    """Serialize shared resource quantities without losing unspecified values.
+
+    Each known quantity becomes ``prefix + name``; an absent one (``None``) is omitted, never
+    written as 0, and its name is listed in ``prefix + "unspecified"`` (a string array, left
+    out when everything is specified). ``amounts`` may be any object with the four quantity
+    attributes (nemo_gym's work duck-typed).
+    """
+    attributes: dict[str, Attribute] = {}
+    unspecified: list[str] = []
+    for name in _QUANTITIES:
+        value = getattr(amounts, name, None)
+        if value is None:
+            unspecified.append(name)
+        else:
+            attributes[prefix + name] = value
+    if unspecified:
+        attributes[prefix + "unspecified"] = _string_array(unspecified)
+    return attributes
+
+
+def _resources_of(spec: SandboxSpec) -> SandboxResources:
+    """The spec's resources as our validated type, whatever shape the caller used."""
+    resources: object = getattr(spec, "resources", None)
+    if resources is None:
+        return SandboxResources()
+    if isinstance(resources, SandboxResources):
+        return resources
+    if isinstance(resources, Mapping):
+        return SandboxResources.from_mapping(resources)
+    return SandboxResources(
+        cpu=getattr(resources, "cpu", None),
+        memory_mib=getattr(resources, "memory_mib", None),
+        disk_gib=getattr(resources, "disk_gib", None),
+        gpu=getattr(resources, "gpu", None),
+        gpu_type=getattr(resources, "gpu_type", None),
+    )
+
+
+def requested_attributes(spec: SandboxSpec) -> dict[str, Attribute]:
+    """Declared shape only. Absent values are unknown, never zero or effective allocation.
+
+    Keys are ``PREFIX + "requested.<quantity>"`` plus ``requested.gpu_type``; absent ones are
+    listed in ``requested.unspecified``. Raises ``ValueError`` naming the field for a value
+    that is NaN, infinite, negative or not a number.
+    """
+    resources = _resources_of(spec)
+    prefix = PREFIX + "requested."
+    attributes = amount_attributes(resources, prefix)
+    unspecified = list(cast(Sequence[str], attributes.pop(prefix + "unspecified", ())))
+    if resources.gpu_type is None:
+        unspecified.append("gpu_type")
+    else:
+        attributes[prefix + "gpu_type"] = resources.gpu_type
+    if unspecified:
+        attributes[prefix + "unspecified"] = _string_array(unspecified)
+    return attributes
+
+
+def record_request(spec: SandboxSpec, attributes: Mapping[str, Attribute]) -> dict[str, Attribute]:
+    """Give one logical sandbox request an identity, even if provisioning never succeeds.
+
+    Returns ``attributes`` plus ``PREFIX + "request.id"`` (a fresh uuid4 hex, unless
+    ``attributes`` already carries one: a retry of the same logical request keeps it) and the
+    requested shape. Call it before provisioning so a failed create can still be told apart.
+    Pure: it neither emits nor stores anything. Raises ``ValueError`` like
+    ``requested_attributes``.
+    """
+    recorded = dict(attributes)
+    recorded.setdefault(PREFIX + "request.id", uuid.uuid4().hex)
+    recorded.update(requested_attributes(spec))
+    return recorded
+
+
+def _designator_attributes(
+    designator: ResourceDesignator | None, prefix: str
+) -> dict[str, Attribute]:
+    if designator is None:
+        return {}
+    attributes: dict[str, Attribute] = {
+        prefix + "kind": designator.kind,
+        prefix + "id": designator.id,
+    }
+    if designator.scope is not None:
+        attributes[prefix + "scope"] = designator.scope
+    return attributes
+
+
+def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute]:
+    """Use identical OTEL keys for every provider's typed allocation.
+
+    ``allocation.source``, ``allocation.designator.{kind,id,scope}``,
+    ``allocation.host.{kind,id,scope}`` (absent parts omitted), ``allocation.components``
+    (names, in order) and, per component, ``allocation.component.<name>.requests.<quantity>``
+    and ``.limits.<quantity>`` under the rules of ``amount_attributes``.
+    """
+    prefix = PREFIX + "allocation."
+    attributes: dict[str, Attribute] = {prefix + "source": allocation.source}
+    attributes.update(_designator_attributes(allocation.designator, prefix + "designator."))
+    attributes.update(_designator_attributes(allocation.host, prefix + "host."))
+    attributes[prefix + "components"] = _string_array([c.name for c in allocation.components])
+    for component in allocation.components:
+        base = f"{prefix}component.{component.name}."
+        attributes.update(amount_attributes(component.requests, base + "requests."))
+        attributes.update(amount_attributes(component.limits, base + "limits."))
+    return attributes
+
+
+def _sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
+    """A provider's sample with every key under ``PREFIX``; values that no span can carry
+    are dropped (and logged once)."""
+    attributes: dict[str, Attribute] = {}
+    for key, value in sample.items():
+        name = key if key.startswith(PREFIX) else PREFIX + key
+        if isinstance(value, str | int | float | bool):
+            attributes[name] = value
+        elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+            attributes[name] = _string_array(cast(Sequence[str], value))
+        else:
+            _log_once(
+                ("sample-value", name),
+                "dropping sample value %s of type %s",
+                name,
+                type(value).__name__,
+            )
+    return attributes
+
+
+# --- the edge: records as spans, and the sampler -------------------------------------------
+
+_LOGGED: set[tuple[str, ...]] = set()
+
+
+def _log_once(key: tuple[str, ...], message: str, *args: object) -> None:
+    """Log a telemetry failure at warning level the first time ``key`` is seen, then at debug."""
+    if key in _LOGGED:
+        LOGGER.debug(message, *args)
+        return
+    _LOGGED.add(key)
+    LOGGER.warning(message, *args)
+
+
+def sampling_interval() -> float:
+    """Return zero unless resource traces are enabled, including an actual exporter.
+
+    Positive only when ``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL`` is positive and the
+    global tracer provider is an SDK provider, not disabled, with at least one span processor
+    besides our own (which only decorates spans and sends nothing anywhere).
+    """
+    interval = _settings.sandbox_resource_interval()
+    if interval <= 0:
+        return 0.0
+    # Imported here: tracing builds on this module, so a top-level import would be circular.
+    from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+        SandboxSpanProcessor,
+    )
+
+    if not _exporting.traces_exported(ignore=(SandboxSpanProcessor,)):
+        return 0.0
+    return interval
+
+
+_T = TypeVar("_T")
+
+
+def _discard_outcome(task: asyncio.Future[Any]) -> None:
+    # An abandoned provider call may still fail later; retrieving its outcome keeps asyncio
+    # from logging "exception was never retrieved" for a failure we already recorded.
+    if not task.cancelled():
+        task.exception()
+
+
+async def _bounded(call: Awaitable[_T], timeout: float) -> _T:
+    """Await a provider call for at most ``timeout`` seconds.
+
+    ``asyncio.wait_for`` waits for the cancelled call to finish, so a provider that swallows
+    cancellation would hang it; here the call is cancelled and abandoned, and ``TimeoutError``
+    is raised at the deadline whatever the provider does. Cancelling the caller cancels the
+    call and propagates.
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_discard_outcome)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_discard_outcome)
+        raise TimeoutError(f"sandbox resource provider did not answer within {timeout:g} s")
+    return task.result()
+
+
+# Sandboxes with a sampling owner in this process, keyed by (provider name, sandbox id).
+_OWNERS: dict[tuple[str, str], ResourceSampler] = {}
+
+
+class ResourceSampler:
+    """One owner samples a sandbox; borrowed connections do not start duplicate samplers.
+
+    Construct it where the sandbox is created: its records are parented to the context
+    current at construction. ``start()`` claims the sandbox for this sampler (unless another
+    sampler in the process already owns it) and, when ``interval > 0``, starts a task on the
+    running loop that records a ``sample`` every ``interval`` seconds. ``stop()`` ends the
+    task and, for the owner, records one last sample with ``resource.final = true``. Both are
+    idempotent and bounded in time: every provider call is abandoned after
+    ``min(interval, PROVIDER_CALL_TIMEOUT_S)`` seconds. Nothing here raises a provider's
+    exception; ``asyncio.CancelledError`` propagates.
+    """
+
+    def __init__(
+        self,
+        provider: ResourceProvider,
+        handle: SandboxHandle,
+        attributes: Mapping[str, Attribute],
+        interval: float,
+    ) -> None:
+        interval = float(interval)
+        if interval != interval:
+            raise ValueError(f"resource sampler interval={interval!r} must be a number")
+        self.attributes: dict[str, Attribute] = dict(attributes)
+        self.task: asyncio.Task[None] | None = None
+        self._provider = provider
+        self._handle = handle
+        self._interval = interval
+        self._timeout = (
+            min(interval, PROVIDER_CALL_TIMEOUT_S) if interval > 0 else PROVIDER_CALL_TIMEOUT_S
+        )
+        self._context = context.get_current()
+        self._key = (str(handle.provider_name), str(handle.sandbox_id))
+        self._started = False
+        self._stopped = False
+        self._owner = False
+
+    async def record(self, kind: str, final: bool = False) -> None:
+        """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
+
+        The span carries the identity attributes, ``resource.kind``, ``resource.final`` and
+        the provider's answer; when the provider raises or times out it carries
+        ``resource.error`` (the exception's type name) instead, and nothing is raised. An
+        unknown ``kind`` raises ``ValueError``.
+        """
+        if kind == "allocation":
+            call: Any = self._provider.resource_allocation
+        elif kind == "sample":
+            call = self._provider.resource_sample
+        else:
+            raise ValueError(f"resource record kind={kind!r} must be 'allocation' or 'sample'")
+        start: dict[str, Attribute] = dict(self.attributes)
+        start[PREFIX + "resource.kind"] = kind
+        start[PREFIX + "resource.final"] = bool(final)
+        tracer = trace.get_tracer(_SCOPE, __version__)
+        span = tracer.start_span(RECORD_SPAN_NAME, context=self._context, attributes=start)
+        try:
+            answer = await _bounded(call(self._handle), self._timeout)
+            if kind == "allocation":
+                data = allocation_attributes(answer)
+            else:
+                data = _sample_attributes(answer)
+            # The provider's answer never overrides the sandbox's identity.
+            span.set_attributes({k: v for k, v in data.items() if k not in start})
+        except Exception as exc:  # noqa: BLE001 - a failed provider call is part of the record
+            span.set_attribute(PREFIX + "resource.error", type(exc).__name__)
+            _log_once(
+                ("record", self._key[0], kind, type(exc).__name__),
+                "sandbox resource %s record for provider %s failed: %r",
+                kind,
+                self._key[0],
+                exc,
+            )
+        finally:
+            span.end()
+
+    async def run(self) -> None:
+        """Record a ``sample`` every ``interval`` seconds until cancelled."""
+        if self._interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.record("sample")
+
+    def start(self) -> None:
+        """Claim the sandbox and begin periodic samples; a no-op after the first call.
+
+        A second sampler for a sandbox that already has an owner in this process starts no
+        task and records no final sample. With ``interval <= 0`` the owner starts no task but
+        still records the final sample on ``stop()``. Must be called on the event loop thread.
+        """
+        if self._started or self._stopped:
+            return
+        self._started = True
+        if _OWNERS.setdefault(self._key, self) is not self:
+            return
+        self._owner = True
+        if self._interval <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            _log_once(("no-loop",), "ResourceSampler.start() outside an event loop: no samples")
+            return
+        self.task = loop.create_task(
+            self.run(), name=f"nemo-gym sandbox sampler {self._key[0]}/{self._key[1]}"
+        )
+
+    async def stop(self) -> None:
+        """End the periodic task and, for the owner, record the final sample; idempotent.
+
+        Returns within about ``min(interval, PROVIDER_CALL_TIMEOUT_S)`` seconds however the
+        provider behaves, and releases the sandbox so a later sampler may own it.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            # run() only awaits sleep() and bounded provider calls, so this ends promptly.
+            await asyncio.wait((task,))
+        if not self._owner:
+            return
+        try:
+            await self.record("sample", final=True)
+        finally:
+            if _OWNERS.get(self._key) is self:
+                del _OWNERS[self._key]
