@@ -432,7 +432,7 @@ def _capacity_warnings(
     if capacity.intended is not None and capacity.total and capacity.intended > capacity.total:
         warnings.append(
             f"intended concurrency per worker {capacity.intended} exceeds the connector "
-            f"limit per worker {capacity.total} (workers={capacity.workers}); the excess "
+            f"limit per worker {capacity.total} ({capacity.workers} workers); the excess "
             "requests queue for a pool slot and the wait looks like server latency"
         )
     if (
@@ -443,7 +443,7 @@ def _capacity_warnings(
         warnings.append(
             f"intended per-host concurrency per worker {capacity.intended_per_host} exceeds "
             f"the effective per-host limit per worker {effective} "
-            f"(workers={capacity.workers}); requests to one destination will queue"
+            f"({capacity.workers} workers); requests to one destination will queue"
         )
     aggregate_per_host = cfg.global_aiohttp_intended_concurrency_per_host
     if (
