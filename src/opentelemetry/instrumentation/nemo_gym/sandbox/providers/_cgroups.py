@@ -1,0 +1,305 @@
+"""Cgroup and ``/proc`` plumbing for the process sandbox provider.
+
+Finds writable cgroup hierarchies (v1 or v2), creates and configures one cgroup per sandbox,
+reads back the limits the kernel enforces and the usage it accounts, and removes the cgroup.
+Every function here is synchronous: cgroup files are small in-memory kernel files, so reading
+or writing one does not block the event loop in any way that matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxResourceAmounts
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX, Attribute
+
+LOGGER = logging.getLogger(__name__)
+
+MIB = 1 << 20
+CFS_PERIOD_US = 100_000
+# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (about 2**63).
+_V1_UNLIMITED = 1 << 62
+_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
+_RMDIR_ROUNDS = 200
+_RMDIR_PAUSE_S = 0.01
+
+# The first process of every command. It writes its own pid into each of the sandbox's
+# cgroup.procs files and only then execs the command, so the command and everything it ever
+# starts are born inside the cgroups. Writing the pid from the parent after spawning leaves a
+# window in which the child can fork (or allocate) outside them; this has none, and needs no
+# preexec_fn (unsafe with threads). If joining fails the command does not run: exit 125.
+# Arguments: $1 the command, then the cgroup.procs paths.
+JOIN_SCRIPT = 'c=$1; shift; for f do echo $$ >"$f" || exit 125; done; exec /bin/sh -c "$c"'
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = read_text(path)
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    """``key value`` lines (cpu.stat, memory.events, memory.oom_control) as a dict."""
+    values: dict[str, int] = {}
+    for line in (read_text(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            values[name] = int(value)
+    return values
+
+
+def write_text(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+# --- cgroups --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this machine's writable cgroup hierarchies are mounted."""
+
+    version: int
+    mounts: dict[str, Path]  # v1: controller -> mount point; v2: {"": mount point}
+
+
+def discover_layout() -> Layout | None:
+    """Writable cgroup hierarchies from ``/proc/self/mountinfo``; v1 first (a hybrid machine
+    binds cpu and memory to v1, leaving its v2 hierarchy without them), else v2."""
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    for line in (read_text(Path("/proc/self/mountinfo")) or "").splitlines():
+        left, _, right = line.partition(" - ")
+        mount_fields, fs_fields = left.split(), right.split()
+        if len(mount_fields) < 5 or len(fs_fields) < 3:
+            continue
+        mount_point = Path(mount_fields[4].replace("\\040", " "))
+        if fs_fields[0] == "cgroup":
+            for option in fs_fields[2].split(","):
+                if option in _CONTROLLERS:
+                    v1.setdefault(option, mount_point)
+        elif fs_fields[0] == "cgroup2" and v2 is None:
+            v2 = mount_point
+    if "cpu" in v1 and "memory" in v1 and all(os.access(p, os.W_OK) for p in v1.values()):
+        return Layout(1, v1)
+    if v2 is not None and os.access(v2, os.W_OK):
+        available = set((read_text(v2 / "cgroup.controllers") or "").split())
+        if {"cpu", "memory"} <= available:
+            return Layout(2, {"": v2})
+    return None
+
+
+@dataclass
+class Cgroup:
+    """One sandbox's cgroup: a directory per v1 controller, or one v2 directory."""
+
+    version: int
+    dirs: dict[str, Path]  # controller ("" for v2) -> directory
+    path: str  # the path inside each hierarchy, e.g. "/nemo_gym/process-1a2b"
+
+    def file(self, controller: str, name: str) -> Path:
+        return self.dirs["" if self.version == 2 else controller] / name
+
+    def has(self, controller: str) -> bool:
+        return self.version == 2 or controller in self.dirs
+
+    def unique_dirs(self) -> list[Path]:
+        return list(dict.fromkeys(self.dirs.values()))
+
+
+def _enable_v2_controllers(directory: Path, wanted: Sequence[str]) -> None:
+    enabled = set((read_text(directory / "cgroup.subtree_control") or "").split())
+    missing = [c for c in wanted if c not in enabled]
+    if missing:
+        write_text(directory / "cgroup.subtree_control", " ".join("+" + c for c in missing))
+
+
+def make_cgroup(
+    layout: Layout, parent: str, name: str, cpu: float | None, memory_mib: int | None
+) -> Cgroup:
+    """Create and configure a sandbox cgroup; raises ``OSError`` after removing what it made."""
+    path = f"/{parent}/{name}"
+    if layout.version == 1:
+        dirs = {c: m / parent / name for c, m in layout.mounts.items()}
+    else:
+        dirs = {"": layout.mounts[""] / parent / name}
+    cgroup = Cgroup(layout.version, dirs, path)
+    created: list[Path] = []
+    try:
+        if layout.version == 2:
+            root = layout.mounts[""]
+            available = (read_text(root / "cgroup.controllers") or "").split()
+            wanted = [c for c in ("cpu", "memory", "pids") if c in available]
+            _enable_v2_controllers(root, wanted)
+            (root / parent).mkdir(exist_ok=True)
+            _enable_v2_controllers(root / parent, wanted)
+        for directory in cgroup.unique_dirs():
+            directory.parent.mkdir(exist_ok=True)
+            directory.mkdir()
+            created.append(directory)
+        if cpu is not None:
+            quota = max(1000, round(cpu * CFS_PERIOD_US))
+            if layout.version == 1:
+                write_text(cgroup.file("cpu", "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+                write_text(cgroup.file("cpu", "cpu.cfs_quota_us"), str(quota))
+            else:
+                write_text(cgroup.file("cpu", "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+        if memory_mib is not None:
+            limit = str(memory_mib * MIB)
+            if layout.version == 1:
+                write_text(cgroup.file("memory", "memory.limit_in_bytes"), limit)
+                # memory+swap capped at the same figure: the limit bites instead of swapping.
+                memsw = cgroup.file("memory", "memory.memsw.limit_in_bytes")
+                if memsw.exists():
+                    write_text(memsw, limit)
+            else:
+                write_text(cgroup.file("memory", "memory.max"), limit)
+                swap = cgroup.file("memory", "memory.swap.max")
+                if swap.exists():
+                    write_text(swap, "0")
+    except OSError:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+    return cgroup
+
+
+def cgroup_pids(cgroup: Cgroup) -> set[int]:
+    pids: set[int] = set()
+    for directory in cgroup.unique_dirs():
+        for line in (read_text(directory / "cgroup.procs") or "").split():
+            with contextlib.suppress(ValueError):
+                pids.add(int(line))
+    return pids
+
+
+def cgroup_limits(cgroup: Cgroup) -> SandboxResourceAmounts:
+    """The cpu and memory limits the kernel enforces on ``cgroup``, read back from it."""
+    cpu: float | None = None
+    memory_mib: int | None = None
+    if cgroup.version == 1:
+        quota = _read_int(cgroup.file("cpu", "cpu.cfs_quota_us"))
+        period = _read_int(cgroup.file("cpu", "cpu.cfs_period_us"))
+        if quota is not None and quota > 0 and period:
+            cpu = quota / period
+        limit = _read_int(cgroup.file("memory", "memory.limit_in_bytes"))
+        if limit is not None and limit < _V1_UNLIMITED:
+            memory_mib = limit // MIB
+    else:
+        quota_text, _, period_text = (read_text(cgroup.file("cpu", "cpu.max")) or "max").partition(
+            " "
+        )
+        if quota_text != "max" and period_text:
+            cpu = int(quota_text) / int(period_text)
+        limit_text = read_text(cgroup.file("memory", "memory.max")) or "max"
+        if limit_text != "max":
+            memory_mib = int(limit_text) // MIB
+    return SandboxResourceAmounts(cpu=cpu, memory_mib=memory_mib)
+
+
+def oom_kills(cgroup: Cgroup | None) -> int | None:
+    if cgroup is None:
+        return None
+    if cgroup.version == 1:
+        return _read_keyed(cgroup.file("memory", "memory.oom_control")).get("oom_kill")
+    return _read_keyed(cgroup.file("memory", "memory.events")).get("oom_kill")
+
+
+def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
+    usage = PREFIX + "usage."
+    sample: dict[str, Attribute] = {usage + "source": f"cgroup.v{cgroup.version}"}
+    cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
+    if cgroup.version == 1:
+        cpu_ns = (
+            _read_int(cgroup.file("cpuacct", "cpuacct.usage")) if cgroup.has("cpuacct") else None
+        )
+        cpu_s = None if cpu_ns is None else cpu_ns / 1e9
+        throttled = cpu_stat.get("throttled_time")
+        throttled_s = None if throttled is None else throttled / 1e9
+        memory = _read_int(cgroup.file("memory", "memory.usage_in_bytes"))
+        peak = _read_int(cgroup.file("memory", "memory.max_usage_in_bytes"))
+    else:
+        usage_us = cpu_stat.get("usage_usec")
+        cpu_s = None if usage_us is None else usage_us / 1e6
+        throttled = cpu_stat.get("throttled_usec")
+        throttled_s = None if throttled is None else throttled / 1e6
+        memory = _read_int(cgroup.file("memory", "memory.current"))
+        peak = _read_int(cgroup.file("memory", "memory.peak"))
+    values: dict[str, float | int | None] = {
+        "cpu.time_s": None if cpu_s is None else round(cpu_s, 6),
+        "cpu.throttled_s": None if throttled_s is None else round(throttled_s, 6),
+        "cpu.throttled_periods": cpu_stat.get("nr_throttled"),
+        "memory_mib": None if memory is None else round(memory / MIB, 3),
+        "memory_peak_mib": None if peak is None else round(peak / MIB, 3),
+        "oom_kills": oom_kills(cgroup),
+        "pids": (
+            _read_int(cgroup.file("pids", "pids.current"))
+            if cgroup.has("pids")
+            else len(cgroup_pids(cgroup))
+        ),
+    }
+    sample.update({usage + k: v for k, v in values.items() if v is not None})
+    return sample
+
+
+def proc_table() -> list[tuple[int, int, int, float, int]]:
+    """Every process as (pid, session, start time, CPU seconds, RSS bytes), from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    table = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = read_text(Path(entry.path) / "stat")
+        if stat is None:
+            continue
+        # Fields after the command name, which is in parentheses and may hold spaces.
+        rest = stat.rpartition(")")[2].split()
+        try:
+            table.append(
+                (
+                    int(entry.name),
+                    int(rest[3]),
+                    int(rest[19]),
+                    (int(rest[11]) + int(rest[12])) / tick,
+                    int(rest[21]) * page,
+                )
+            )
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+async def remove_cgroup(cgroup: Cgroup) -> None:
+    # A killed process leaves its cgroup a moment after it dies: retry a busy rmdir briefly.
+    for directory in cgroup.unique_dirs():
+        for _ in range(_RMDIR_ROUNDS):
+            try:
+                directory.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    LOGGER.warning("cannot remove cgroup %s: %s", directory, exc)
+                    break
+                await asyncio.sleep(_RMDIR_PAUSE_S)
+        else:
+            LOGGER.warning("cgroup %s stayed busy; left in place", directory)

@@ -1,0 +1,496 @@
+"""A local sandbox provider: a private directory, ``sh -c`` commands, a cgroup where possible.
+
+``ProcessSandboxProvider`` needs no daemon. Each sandbox is a fresh temporary directory in
+which commands run with ``sh -c`` semantics, in their own session (so a timeout can kill the
+whole process group), with a minimal environment rather than the caller's. Where the machine
+lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the ``cpu`` and
+``memory`` controllers, writable), each sandbox gets one, at ``/<cgroup_parent>/<sandbox id>``
+in each hierarchy, enforcing the requested cpu (CFS quota) and memory (a hard limit, swap
+included, so the kernel OOM-kills inside the sandbox instead of swapping). Elsewhere the
+sandbox still works; its allocation then says ``source = "process"`` with no limits.
+
+It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
+and samples come from the cgroup (or, without one, from ``/proc``).
+
+The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies go to a thread, and
+subprocess I/O uses asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxCreateError,
+    SandboxExecResult,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStatus,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    PREFIX,
+    Attribute,
+    ComponentAllocation,
+    ResourceAllocation,
+    ResourceDesignator,
+    _resources_of,
+)
+
+__all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ProcessSandboxProvider"]
+
+LOGGER = logging.getLogger(__name__)
+
+# The return code of a command the provider killed at its timeout (``error_type="timeout"``);
+# real exit codes are 0-255, and a signal death is reported shell-style as 128 + signal.
+EXEC_TIMEOUT_RETURN_CODE = -1
+
+_MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
+_OUTPUT_GRACE_S = 0.2
+_KILL_ROUNDS = 200
+_KILL_PAUSE_S = 0.01
+_COMPONENT = "sandbox"
+
+
+# --- sandboxes --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Sandbox:
+    """A sandbox's state; it lives in ``SandboxHandle.raw`` and in the provider's table."""
+
+    sandbox_id: str
+    root: Path
+    workdir: Path
+    env: dict[str, str]
+    cgroup: _cgroups.Cgroup | None
+    sessions: set[int] = field(default_factory=set)  # one session (and group) per command
+    closed: bool = False
+    # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
+    proc_cpu: dict[tuple[int, int], float] = field(default_factory=dict)
+    proc_peak_mib: float = 0.0
+
+
+# Bad spec input raises ValueError throughout (wrong types included, hence the TRY004
+# exemptions): callers handle one exception type for "the spec is wrong".
+def _check_env(name: str, env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise ValueError(f"{name}={env!r} must be a dict of strings")  # noqa: TRY004
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ValueError(f"{name} key {key!r} must be a non-empty string without '=' or NUL")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"{name}[{key!r}]={value!r} must be a string without NUL")
+    return dict(env)
+
+
+def _relative_path(name: str, value: object) -> Path:
+    """A path that stays inside the sandbox whatever the filesystem holds: relative, no ``..``."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}={value!r} must be a non-empty relative path")
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"{name}={value!r} must be relative and stay inside the sandbox's fresh directory"
+        )
+    return path
+
+
+def _make_directory(
+    base_dir: str | None, sandbox_id: str, workdir: Path | None, files: dict[str, str]
+) -> tuple[Path, Path]:
+    """Make the sandbox's directory, working directory and files: (root, workdir). Raises
+    ``OSError`` after removing whatever it made."""
+    root = Path(tempfile.mkdtemp(prefix=f"nemo-gym-{sandbox_id}-", dir=base_dir)).resolve()
+    try:
+        work = root if workdir is None else root / workdir
+        work.mkdir(parents=True, exist_ok=True)
+        for target, content in files.items():
+            path = work / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+    except OSError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root, work
+
+
+def _inside(state: _Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
+    """``value`` (relative to the working directory, or absolute) resolved, symlinks included,
+    and refused with ``ValueError`` unless it lies inside the sandbox."""
+    path = Path(value)
+    resolved = (path if path.is_absolute() else state.workdir / path).resolve()
+    if not resolved.is_relative_to(state.root):
+        raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
+    return resolved
+
+
+def _timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"timeout_s={value!r} must be a positive number of seconds or None")
+    return float(value)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+async def _drain(stream: asyncio.StreamReader | None, buffer: bytearray, limit: int) -> None:
+    """Read ``stream`` to its end, keeping its first ``limit`` bytes (the rest is discarded
+    but still read, so the command never blocks on a full pipe)."""
+    if stream is None:
+        return
+    while chunk := await stream.read(1 << 16):
+        if len(buffer) < limit:
+            buffer += chunk[: limit - len(buffer)]
+
+
+class ProcessSandboxProvider:
+    """Local sandboxes: a temporary directory each, commands run with ``sh -c``, no daemon.
+
+    ``cgroups=False`` never uses cgroups; otherwise they are used where writable.
+    ``cgroup_parent`` names the directory under each hierarchy's root that holds the
+    sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
+    system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
+
+    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
+    and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
+    ``SandboxCreateError``. Commands run as this process's user.
+    """
+
+    name = "process"
+
+    def __init__(
+        self,
+        *,
+        cgroups: bool = True,
+        cgroup_parent: str = "nemo_gym",
+        base_dir: str | os.PathLike[str] | None = None,
+        max_output_bytes: int = 8 * _cgroups.MIB,
+    ) -> None:
+        if not cgroup_parent or "/" in cgroup_parent or cgroup_parent in (".", ".."):
+            raise ValueError(f"cgroup_parent={cgroup_parent!r} must be one directory name")
+        if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int):
+            raise ValueError(f"max_output_bytes={max_output_bytes!r} must be an integer")  # noqa: TRY004
+        if max_output_bytes < 0:
+            raise ValueError(f"max_output_bytes={max_output_bytes!r} must not be negative")
+        self._layout = _cgroups.discover_layout() if cgroups else None
+        self._cgroup_parent = cgroup_parent
+        self._base_dir = None if base_dir is None else os.fspath(base_dir)
+        self._max_output = max_output_bytes
+        self._sandboxes: dict[str, _Sandbox] = {}
+        boot_id = _cgroups.read_text(Path("/proc/sys/kernel/random/boot_id"))
+        self._boot_id = boot_id or None
+        hostname = socket.gethostname()
+        self._host = ResourceDesignator("host", hostname) if hostname else None
+
+    @property
+    def cgroup_version(self) -> int | None:
+        """1 or 2 when new sandboxes get a cgroup, ``None`` when they cannot."""
+        return None if self._layout is None else self._layout.version
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Make the sandbox directory, its files and (where possible) its cgroup.
+
+        Raises ``ValueError`` for a spec this provider cannot honour as written (naming the
+        field and value) and ``SandboxCreateError`` for a GPU request or a filesystem failure.
+        """
+        resources = _resources_of(spec)
+        if resources.gpu or resources.gpu_type is not None:
+            raise SandboxCreateError(
+                f"process provider has no GPUs: gpu={resources.gpu!r}, "
+                f"gpu_type={resources.gpu_type!r}"
+            )
+        if resources.cpu is not None and resources.cpu < _MIN_CPU:
+            raise ValueError(f"resources.cpu={resources.cpu!r} must be at least {_MIN_CPU} cores")
+        if resources.memory_mib is not None and resources.memory_mib < 1:
+            raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
+        options = getattr(spec, "provider_options", None) or {}
+        if options:
+            raise ValueError(
+                f"provider_options={options!r}: the process provider takes none (allowed: none)"
+            )
+        workdir = getattr(spec, "workdir", None)
+        relative_workdir = None if workdir is None else _relative_path("workdir", workdir)
+        env = _check_env("env", getattr(spec, "env", None))
+        files = getattr(spec, "files", None) or {}
+        if not isinstance(files, dict):
+            raise ValueError(f"files={files!r} must map relative paths to text")  # noqa: TRY004
+        for target, content in files.items():
+            _relative_path("files key", target)
+            if not isinstance(content, str):
+                kind = type(content).__name__
+                raise ValueError(f"files[{target!r}] must be text, not {kind}")  # noqa: TRY004
+
+        sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
+        try:
+            root, work = await asyncio.to_thread(
+                _make_directory, self._base_dir, sandbox_id, relative_workdir, files
+            )
+        except OSError as exc:
+            raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
+
+        cgroup = None
+        if self._layout is not None:
+            try:
+                cgroup = _cgroups.make_cgroup(
+                    self._layout,
+                    self._cgroup_parent,
+                    sandbox_id,
+                    resources.cpu,
+                    resources.memory_mib,
+                )
+            except OSError as exc:
+                # Still a working sandbox; its allocation says it has no cgroup or limits.
+                LOGGER.warning(
+                    "sandbox %s runs without a cgroup (limits not enforced): %s", sandbox_id, exc
+                )
+        base_env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": str(work),
+            "LANG": "C.UTF-8",
+        }
+        state = _Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup)
+        self._sandboxes[sandbox_id] = state
+        return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    def _open(self, handle: SandboxHandle) -> _Sandbox:
+        state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
+        if state is None:
+            raise RuntimeError(
+                f"process sandbox {getattr(handle, 'sandbox_id', None)!r} is not open"
+            )
+        return state
+
+    async def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: int | float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult:
+        """Run ``command`` with ``sh -c`` in the sandbox, in its cgroup, in a new session.
+
+        ``cwd`` is relative to the sandbox's working directory (or absolute inside the
+        sandbox); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
+        process group is killed and the result has ``error_type="timeout"`` and
+        ``return_code=EXEC_TIMEOUT_RETURN_CODE``. A command killed by a signal returns
+        128 + the signal number; when the kernel OOM-killed it, ``error_type="oom_kill"``.
+        Background processes it leaves keep running until the sandbox closes. Cancelling the
+        call kills the command's process group. ``user`` is not supported (``ValueError``).
+        """
+        state = self._open(handle)
+        if not isinstance(command, str) or "\0" in command:
+            raise ValueError("command must be a string without NUL characters")
+        if user is not None:
+            raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
+        timeout = _timeout(timeout_s)
+        directory = state.workdir if cwd is None else _inside(state, "cwd", cwd)
+        command_env = {**state.env, **_check_env("env", env)}
+        if state.cgroup is None:
+            argv = ["/bin/sh", "-c", command]
+        else:
+            procs = [str(d / "cgroup.procs") for d in state.cgroup.unique_dirs()]
+            argv = ["/bin/sh", "-c", _cgroups.JOIN_SCRIPT, "nemo-gym-sandbox", command, *procs]
+        oom_before = _cgroups.oom_kills(state.cgroup)
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=directory,
+            env=command_env,
+            start_new_session=True,
+        )
+        state.sessions.add(process.pid)
+        out, err = bytearray(), bytearray()
+        readers = [
+            asyncio.ensure_future(_drain(process.stdout, out, self._max_output)),
+            asyncio.ensure_future(_drain(process.stderr, err, self._max_output)),
+        ]
+        timed_out = False
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(process.pid)
+            await process.wait()
+        except asyncio.CancelledError:
+            _kill_group(process.pid)
+            for reader in readers:
+                reader.cancel()
+            raise
+        # Background processes may hold the pipes open after the command ended: take what
+        # arrived within a short grace and leave the rest.
+        _, pending = await asyncio.wait(readers, timeout=_OUTPUT_GRACE_S)
+        for reader in pending:
+            reader.cancel()
+        stdout = out.decode("utf-8", errors="replace")
+        stderr = err.decode("utf-8", errors="replace")
+        if timed_out:
+            return SandboxExecResult(stdout, stderr, EXEC_TIMEOUT_RETURN_CODE, "timeout")
+        code = process.returncode if process.returncode is not None else EXEC_TIMEOUT_RETURN_CODE
+        if code < 0:
+            code = 128 - code
+        error_type = None
+        oom_after = _cgroups.oom_kills(state.cgroup)
+        if code == 128 + signal.SIGKILL and oom_after is not None and oom_after > (oom_before or 0):
+            error_type = "oom_kill"
+        return SandboxExecResult(stdout, stderr, code, error_type)
+
+    async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
+        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
+        state = self._open(handle)
+        target = _inside(state, "target_path", target_path)
+
+        def copy() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source_path, target)
+
+        await asyncio.to_thread(copy)
+
+    async def download_file(
+        self, handle: SandboxHandle, source_path: str, target_path: Path
+    ) -> None:
+        """Copy ``source_path`` from inside the sandbox to local ``target_path``."""
+        state = self._open(handle)
+        source = _inside(state, "source_path", source_path)
+        await asyncio.to_thread(shutil.copyfile, source, target_path)
+
+    async def status(self, handle: SandboxHandle) -> SandboxStatus:
+        """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
+        ``ERROR`` if the sandbox's directory has vanished."""
+        state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
+        if state is None:
+            raw = getattr(handle, "raw", None)
+            return (
+                SandboxStatus.STOPPED
+                if isinstance(raw, _Sandbox) and raw.closed
+                else (SandboxStatus.UNKNOWN)
+            )
+        return SandboxStatus.RUNNING if state.root.is_dir() else SandboxStatus.ERROR
+
+    async def close(self, handle: SandboxHandle) -> None:
+        """Kill every process the sandbox started, remove its cgroup and directory; idempotent.
+
+        With a cgroup, everything in it is killed, including processes that left the
+        command's session; without one, every process in the sessions of its commands.
+        """
+        state = self._sandboxes.pop(getattr(handle, "sandbox_id", ""), None)
+        if state is None:
+            return
+        state.closed = True
+        await self._kill_all(state)
+        if state.cgroup is not None:
+            await _cgroups.remove_cgroup(state.cgroup)
+        await asyncio.to_thread(shutil.rmtree, state.root, True)
+
+    async def aclose(self) -> None:
+        """Close every sandbox still open and drop the (empty) cgroup parents."""
+        for sandbox_id in list(self._sandboxes):
+            await self.close(SandboxHandle(sandbox_id, self.name, None))
+        if self._layout is not None:
+            for mount in set(self._layout.mounts.values()):
+                with contextlib.suppress(OSError):
+                    (mount / self._cgroup_parent).rmdir()
+
+    async def _kill_all(self, state: _Sandbox) -> None:
+        for session in state.sessions:
+            _kill_group(session)
+        cgroup = state.cgroup
+        if cgroup is not None and cgroup.version == 2 and cgroup.file("", "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                _cgroups.write_text(cgroup.file("", "cgroup.kill"), "1")
+        # Processes can fork while being killed: repeat until none is left (bounded).
+        for _ in range(_KILL_ROUNDS):
+            if cgroup is not None:
+                pids = _cgroups.cgroup_pids(cgroup)
+            else:
+                pids = {p[0] for p in _cgroups.proc_table() if p[1] in state.sessions}
+            if not pids:
+                return
+            for pid in pids:
+                _kill(pid)
+            await asyncio.sleep(_KILL_PAUSE_S)
+        LOGGER.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
+
+    # --- ResourceProvider ---------------------------------------------------------------------
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        """The limits the kernel enforces on the sandbox, read back from its cgroup.
+
+        Without a cgroup: ``source="process"``, designator the provider's own process (which
+        parents every command), and no limits.
+        """
+        state = self._open(handle)
+        if state.cgroup is None:
+            return ResourceAllocation(
+                source="process",
+                components=(ComponentAllocation(_COMPONENT),),
+                designator=ResourceDesignator("process", str(os.getpid()), self._boot_id),
+                host=self._host,
+            )
+        return ResourceAllocation(
+            source=f"cgroup.v{state.cgroup.version}",
+            components=(
+                ComponentAllocation(_COMPONENT, limits=_cgroups.cgroup_limits(state.cgroup)),
+            ),
+            designator=ResourceDesignator("cgroup", state.cgroup.path, self._boot_id),
+            host=self._host,
+        )
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        """Usage now: CPU time and throttling, memory and its peak, OOM kills, process count.
+
+        From the cgroup (``usage.source = "cgroup.v1"``/``"cgroup.v2"``), or from ``/proc``
+        over the processes in the sandbox's sessions (``"proc"``: CPU time counts processes
+        seen alive at some sample, peak memory is the largest sampled figure).
+        """
+        state = self._open(handle)
+        if state.cgroup is not None:
+            return _cgroups.cgroup_sample(state.cgroup)
+        pids = memory = 0
+        for pid, session, start, cpu_s, rss in _cgroups.proc_table():
+            if session in state.sessions:
+                pids += 1
+                memory += rss
+                state.proc_cpu[(pid, start)] = cpu_s
+        memory_mib = round(memory / _cgroups.MIB, 3)
+        state.proc_peak_mib = max(state.proc_peak_mib, memory_mib)
+        usage = PREFIX + "usage."
+        return {
+            usage + "source": "proc",
+            usage + "cpu.time_s": round(sum(state.proc_cpu.values()), 6),
+            usage + "memory_mib": memory_mib,
+            usage + "memory_peak_mib": state.proc_peak_mib,
+            usage + "pids": pids,
+        }
