@@ -1,0 +1,423 @@
+"""``DockerSandboxProvider``: sandboxes as containers, through the Docker Engine API.
+
+It speaks to a unix socket (``DOCKER_HOST=unix://...``, default ``/var/run/docker.sock``) over
+its own aiohttp session, with no Docker SDK, and works with Docker and with Podman's
+Docker-compatible service. As a ``ResourceProvider`` it reads the allocation back from the
+container's ``HostConfig`` and samples usage from the stats endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
+    _nested,
+    allocation_from_inspect,
+    daemon_scope,
+    host_config,
+    sample_from_stats,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import (
+    DockerEngineError,
+    EngineClient,
+    FrameDecoder,
+    single_file_of,
+    socket_path,
+    tar_of,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxCreateError,
+    SandboxExecResult,
+    SandboxHandle,
+    SandboxResources,
+    SandboxSpec,
+    SandboxStatus,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    Attribute,
+    ResourceAllocation,
+)
+
+__all__ = ["DockerEngineError", "DockerSandboxProvider"]
+
+# Label on every container this provider creates, so operators can find them.
+PROVIDER_LABEL = "nemo.gym.sandbox.provider"
+# Keeps the container alive until it is removed; TERM ends it at once.
+_KEEP_ALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+# Runs an exec's command after printing the shell's PID, so a timed-out command can be killed:
+# the exec API itself has no way to stop what it started.
+_EXEC_WRAPPER = 'echo "$$"; exec /bin/sh -c "$1"'
+# Stops a process and its descendants (through /proc/<pid>/task/<pid>/children), parents first
+# so none spawns a new child meanwhile.
+_KILL_TREE = (
+    'k() { kill -STOP "$1" 2>/dev/null; '
+    'for c in $(cat /proc/"$1"/task/"$1"/children 2>/dev/null); do k "$c"; done; '
+    'kill -KILL "$1" 2>/dev/null; }; k "$1"'
+)
+# The return code of an exec whose command did not finish in time (as `timeout` uses).
+TIMEOUT_RETURN_CODE = 124
+_STATUS = {
+    "created": SandboxStatus.STARTING,
+    "configured": SandboxStatus.STARTING,
+    "initialized": SandboxStatus.STARTING,
+    "restarting": SandboxStatus.STARTING,
+    "running": SandboxStatus.RUNNING,
+    "paused": SandboxStatus.RUNNING,
+    "stopping": SandboxStatus.RUNNING,
+    "exited": SandboxStatus.STOPPED,
+    "stopped": SandboxStatus.STOPPED,
+    "removing": SandboxStatus.STOPPED,
+    "dead": SandboxStatus.ERROR,
+}
+
+
+@dataclass(frozen=True)
+class _Container:
+    """The provider's state in ``SandboxHandle.raw``."""
+
+    id: str
+    name: str
+    workdir: str
+
+
+class DockerSandboxProvider:
+    """Sandboxes as containers of a Docker-compatible engine on a unix socket.
+
+    ``docker_host`` defaults to ``$DOCKER_HOST`` (``unix://`` only), then
+    ``/var/run/docker.sock``. Every engine call is bounded by ``api_timeout_s``; a container
+    must be running within ``spec.ready_timeout_s`` (default ``ready_timeout_s``); a command
+    without ``timeout_s`` gets ``exec_timeout_s``. All methods run on the event loop and never
+    block it. ``aclose()`` removes the containers this provider created and did not close,
+    then closes its session.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        docker_host: str | None = None,
+        *,
+        api_timeout_s: float = 30.0,
+        ready_timeout_s: float = 30.0,
+        exec_timeout_s: float = 3600.0,
+    ) -> None:
+        for field, value in (
+            ("api_timeout_s", api_timeout_s),
+            ("ready_timeout_s", ready_timeout_s),
+            ("exec_timeout_s", exec_timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"DockerSandboxProvider {field}={value!r} must be positive")
+        host = docker_host if docker_host is not None else os.environ.get("DOCKER_HOST")
+        self._api = EngineClient(socket_path(host), api_timeout_s)
+        self._ready_timeout_s = ready_timeout_s
+        self._exec_timeout_s = exec_timeout_s
+        self._open: dict[str, _Container] = {}
+        self._daemon: dict[str, Any] | None = None
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create, start and wait for a container, then upload ``spec.files``.
+
+        Raises ``SandboxCreateError`` carrying the engine's message when the engine refuses or
+        cannot be reached, or the container is not running in time; a half-created container
+        is removed first. Raises ``ValueError`` for a spec without an image or with unknown
+        ``provider_options`` (known: ``host_config``, a mapping merged into ``HostConfig``).
+        """
+        if not spec.image:
+            raise ValueError(f"sandbox spec image={spec.image!r}: the docker provider needs one")
+        unknown = sorted(set(spec.provider_options) - {"host_config"})
+        if unknown:
+            raise ValueError(
+                f"unknown docker provider_options: {', '.join(unknown)}; allowed: host_config"
+            )
+        resources = spec.resources
+        assert isinstance(resources, SandboxResources)  # SandboxSpec converts mappings
+        if spec.ttl_s is not None:
+            keep_alive = f"trap 'exit 0' TERM INT; sleep {float(spec.ttl_s):g} & wait $!"
+        else:
+            keep_alive = _KEEP_ALIVE
+        # A name of our own: if the create answer is lost, the container can still be removed.
+        name = f"nemo-gym-{uuid.uuid4().hex[:16]}"
+        workdir = spec.workdir or "/"
+        body: dict[str, Any] = {
+            "Image": spec.image,
+            "Entrypoint": list(spec.entrypoint or ["/bin/sh", "-c", keep_alive]),
+            "Cmd": [],
+            "Env": [f"{key}={value}" for key, value in spec.env.items()],
+            "Labels": {
+                **{str(k): str(v) for k, v in spec.metadata.items()},
+                PROVIDER_LABEL: "docker",
+            },
+            "Tty": False,
+            "OpenStdin": False,
+            "HostConfig": host_config(resources, spec.provider_options.get("host_config") or {}),
+        }
+        if spec.workdir:
+            body["WorkingDir"] = spec.workdir
+        ready_timeout = float(spec.ready_timeout_s or self._ready_timeout_s)
+        try:
+            created = await self._api.json(
+                "POST", "/containers/create", params={"name": name}, body=body
+            )
+            container = _Container(id=str(created["Id"]), name=name, workdir=workdir)
+            self._open[container.id] = container
+            await self._api.request("POST", f"/containers/{container.id}/start")
+            await self._wait_running(container, ready_timeout)
+            if spec.files:
+                await self._put(
+                    container,
+                    {self._absolute(container, p): c.encode() for p, c in spec.files.items()},
+                )
+        except asyncio.CancelledError:
+            await self._remove_quietly(name)
+            raise
+        except Exception as exc:
+            await self._remove_quietly(name)
+            message = exc.message if isinstance(exc, DockerEngineError) else str(exc)
+            raise SandboxCreateError(
+                f"docker: cannot create a sandbox from image {spec.image!r}: "
+                f"{message or type(exc).__name__}"
+            ) from exc
+        return SandboxHandle(sandbox_id=container.id, provider_name=self.name, raw=container)
+
+    async def _wait_running(self, container: _Container, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = 0.02
+        while True:
+            state = (await self._inspect(container.id)).get("State") or {}
+            if state.get("Running"):
+                return
+            if state.get("Status") in ("exited", "dead", "stopped"):
+                raise SandboxCreateError(
+                    f"container exited before it was ready (exit code {state.get('ExitCode')})"
+                    + (f": {state['Error']}" if state.get("Error") else "")
+                )
+            if loop.time() + delay > deadline:
+                raise SandboxCreateError(
+                    f"container not running within ready_timeout_s={timeout_s:g} "
+                    f"(status {state.get('Status')!r})"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _remove_quietly(self, name_or_id: str) -> None:
+        """Force-remove a container; a failure here must not hide the error being raised."""
+        try:
+            await self._api.request(
+                "DELETE", f"/containers/{name_or_id}", params={"force": "true", "v": "true"}
+            )
+        except DockerEngineError as exc:
+            if exc.status != 404:
+                return
+        except (TimeoutError, OSError):
+            return
+        for key, container in list(self._open.items()):
+            if name_or_id in (key, container.name):
+                del self._open[key]
+
+    async def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: int | float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult:
+        """Run ``command`` with ``/bin/sh -c`` in the container and collect its output.
+
+        When ``timeout_s`` (default ``exec_timeout_s``) passes first, the command and its
+        descendants are killed and the result has return code ``TIMEOUT_RETURN_CODE`` with
+        ``error_type="timeout"`` and the output so far. Engine errors raise
+        ``DockerEngineError``.
+        """
+        container = self._container(handle)
+        config: dict[str, Any] = {
+            "Cmd": ["/bin/sh", "-c", _EXEC_WRAPPER, "sh", command],
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "AttachStdin": False,
+            "Tty": False,
+            "Env": [f"{key}={value}" for key, value in (env or {}).items()],
+        }
+        if cwd is not None:
+            config["WorkingDir"] = self._absolute(container, cwd)
+        if user is not None:
+            config["User"] = str(user)
+        exec_id = str(
+            (await self._api.json("POST", f"/containers/{container.id}/exec", body=config))["Id"]
+        )
+        frames = FrameDecoder()
+        limit = float(timeout_s) if timeout_s is not None else self._exec_timeout_s
+        try:
+            await asyncio.wait_for(self._api.exec_output(exec_id, frames), limit)
+        except TimeoutError:
+            pid, stdout = _split_pid(bytes(frames.stdout))
+            if pid is not None:
+                await self._kill_tree(container, pid)
+            return SandboxExecResult(
+                stdout=stdout.decode("utf-8", "replace"),
+                stderr=frames.stderr.decode("utf-8", "replace"),
+                return_code=TIMEOUT_RETURN_CODE,
+                error_type="timeout",
+            )
+        _, stdout = _split_pid(bytes(frames.stdout))
+        return SandboxExecResult(
+            stdout=stdout.decode("utf-8", "replace"),
+            stderr=frames.stderr.decode("utf-8", "replace"),
+            return_code=await self._exit_code(exec_id),
+        )
+
+    async def _exit_code(self, exec_id: str) -> int:
+        # The stream can end a moment before the engine records the exit code.
+        for _ in range(50):
+            info = await self._api.json("GET", f"/exec/{exec_id}/json")
+            if not info.get("Running") and isinstance(info.get("ExitCode"), int):
+                return int(info["ExitCode"])
+            await asyncio.sleep(0.02)
+        raise DockerEngineError(None, f"exec {exec_id} ended without an exit code")
+
+    async def _kill_tree(self, container: _Container, pid: int) -> None:
+        config = {"Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(pid)], "Tty": False}
+        try:
+            killer = await self._api.json("POST", f"/containers/{container.id}/exec", body=config)
+            await self._api.request(
+                "POST", f"/exec/{killer['Id']}/start", body={"Detach": True, "Tty": False}
+            )
+        except (DockerEngineError, TimeoutError):
+            # The container may be gone already; the timeout result is returned regardless.
+            return
+
+    async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
+        """Copy a local file to ``target_path`` (relative paths from the workdir); parent
+        folders are created. Engine errors raise ``DockerEngineError``."""
+        container = self._container(handle)
+        content = await asyncio.to_thread(Path(source_path).read_bytes)
+        await self._put(container, {self._absolute(container, target_path): content})
+
+    async def download_file(
+        self, handle: SandboxHandle, source_path: str, target_path: Path
+    ) -> None:
+        """Copy one file from the sandbox; a missing one raises ``FileNotFoundError``, a
+        folder ``IsADirectoryError``, other engine errors ``DockerEngineError``."""
+        container = self._container(handle)
+        path = self._absolute(container, source_path)
+        try:
+            archive = await self._api.request(
+                "GET", f"/containers/{container.id}/archive", params={"path": path}
+            )
+        except DockerEngineError as exc:
+            if exc.status == 404:
+                raise FileNotFoundError(f"sandbox path {path!r}: {exc.message}") from exc
+            raise
+        content = single_file_of(archive, path)
+        await asyncio.to_thread(Path(target_path).write_bytes, content)
+
+    async def status(self, handle: SandboxHandle) -> SandboxStatus:
+        """The container's state; a removed container is ``STOPPED``."""
+        try:
+            state = (await self._inspect(self._container(handle).id)).get("State") or {}
+        except DockerEngineError as exc:
+            if exc.status == 404:
+                return SandboxStatus.STOPPED
+            raise
+        return _STATUS.get(str(state.get("Status", "")).lower(), SandboxStatus.UNKNOWN)
+
+    async def close(self, handle: SandboxHandle) -> None:
+        """Force-remove the container and its anonymous volumes; idempotent."""
+        container = self._container(handle)
+        try:
+            await self._api.request(
+                "DELETE", f"/containers/{container.id}", params={"force": "true", "v": "true"}
+            )
+        except DockerEngineError as exc:
+            if exc.status != 404:
+                raise
+        self._open.pop(container.id, None)
+
+    async def aclose(self) -> None:
+        """Remove the containers this provider created and did not close; close the session."""
+        for container_id in list(self._open):
+            await self._remove_quietly(container_id)
+        await self._api.close()
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        """The allocation read back from the container's ``HostConfig``, placed by the daemon's
+        ID and name."""
+        inspect, daemon = await asyncio.gather(
+            self._inspect(self._container(handle).id), self._daemon_info()
+        )
+        return allocation_from_inspect(inspect, daemon)
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        """One usage sample: ``usage.oom_killed`` (the engine's word) and, once the container
+        has ended, ``usage.exit_code``; while it runs, the stats endpoint's cpu time, cpu
+        throttling, memory and pids."""
+        container = self._container(handle)
+        state = (await self._inspect(container.id)).get("State") or {}
+        sample: dict[str, Attribute] = {"usage.source": "docker.stats"}
+        if isinstance(state.get("OOMKilled"), bool):
+            sample["usage.oom_killed"] = state["OOMKilled"]
+        if state.get("Running"):
+            stats = await self._api.json(
+                "GET",
+                f"/containers/{container.id}/stats",
+                params={"stream": "false", "one-shot": "true"},
+            )
+            sample.update(sample_from_stats(stats))
+        elif isinstance(state.get("ExitCode"), int):
+            sample["usage.exit_code"] = state["ExitCode"]
+        return sample
+
+    async def _inspect(self, container_id: str) -> dict[str, Any]:
+        answer = await self._api.json("GET", f"/containers/{container_id}/json")
+        if not isinstance(answer, dict):
+            raise DockerEngineError(None, f"the engine sent no inspect answer for {container_id}")
+        return answer
+
+    async def _daemon_info(self) -> dict[str, Any]:
+        """``Name`` and ``Scope`` of the daemon, read once per provider."""
+        if self._daemon is None:
+            # One info call, as these are slow (~0.2 s on Podman); the ping tells which.
+            if "Libpod-Api-Version" in await self._api.ping_headers():
+                libpod = await self._api.json("GET", "/libpod/info") or {}
+                name = _nested(libpod, "host", "hostname")
+                self._daemon = {"Name": name, "Scope": daemon_scope({}, libpod)}
+            else:
+                info = await self._api.json("GET", "/info") or {}
+                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope(info, None)}
+        return self._daemon
+
+    async def _put(self, container: _Container, files: Mapping[str, bytes]) -> None:
+        archive = await asyncio.to_thread(tar_of, files)
+        await self._api.request(
+            "PUT", f"/containers/{container.id}/archive", params={"path": "/"}, data=archive
+        )
+
+    @staticmethod
+    def _absolute(container: _Container, path: str) -> str:
+        return posixpath.normpath(posixpath.join(container.workdir, path))
+
+    def _container(self, handle: SandboxHandle) -> _Container:
+        raw = handle.raw
+        if isinstance(raw, _Container):
+            return raw
+        # A handle rebuilt elsewhere (only the id survived): the workdir is unknown, so "/".
+        return _Container(id=str(handle.sandbox_id), name=str(handle.sandbox_id), workdir="/")
+
+
+def _split_pid(stdout: bytes) -> tuple[int | None, bytes]:
+    """Separate the wrapper's PID line from the command's own output."""
+    line, newline, rest = stdout.partition(b"\n")
+    if not newline or not line.strip().isdigit():
+        return None, stdout
+    return int(line), rest
