@@ -1,0 +1,433 @@
+"""Resource records: attribute building, the sampler's lifecycle, and when sampling is on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.test.globals_test import reset_trace_globals
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxHandle,
+    SandboxResourceAmounts,
+    SandboxResources,
+    SandboxSpec,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    PREFIX,
+    Attribute,
+    ComponentAllocation,
+    ResourceAllocation,
+    ResourceDesignator,
+    ResourceProvider,
+    ResourceSampler,
+    allocation_attributes,
+    amount_attributes,
+    record_request,
+    requested_attributes,
+    sampling_interval,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
+
+INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
+
+ALLOCATION = ResourceAllocation(
+    source="test",
+    components=(
+        ComponentAllocation(
+            "main",
+            requests=SandboxResourceAmounts(cpu=0.25),
+            limits=SandboxResourceAmounts(cpu=0.5, memory_mib=64),
+        ),
+    ),
+    designator=ResourceDesignator("cgroup", "/nemo_gym/x", "boot-1"),
+    host=ResourceDesignator("host", "node-a"),
+)
+
+
+class FakeResources:
+    """A real ResourceProvider whose answers and failures the test controls."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.fail: BaseException | None = None
+        self.hang = False
+        self.ignore_cancel = False
+
+    async def _answer(self) -> None:
+        if self.hang:
+            if self.ignore_cancel:
+                # Swallows the first cancellation, as a badly written provider might.
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    await asyncio.sleep(3600)
+            await asyncio.sleep(3600)
+        if self.fail is not None:
+            raise self.fail
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        await self._answer()
+        return ALLOCATION
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        await self._answer()
+        self.samples += 1
+        # One key without the prefix, one that tries to override the identity.
+        return {"usage.pids": self.samples, PREFIX + "id": "spoofed"}
+
+
+def handle(sandbox_id: str = "sbx-1") -> SandboxHandle:
+    return SandboxHandle(sandbox_id=sandbox_id, provider_name="fake", raw=None)
+
+
+IDENTITY: dict[str, Attribute] = {PREFIX + "provider": "fake", PREFIX + "id": "sbx-1"}
+
+
+def records(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == "sandbox.resources"]
+
+
+def attrs(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+# --- attribute building ---------------------------------------------------------------------
+
+
+def test_requested_attributes_absent_values_omitted_and_listed() -> None:
+    """Absent quantities are left out, never written as 0, and named in `unspecified`."""
+    got = requested_attributes(SandboxSpec(resources={"cpu": 0.5}))
+    assert got == {
+        PREFIX + "requested.cpu": 0.5,
+        PREFIX + "requested.unspecified": ("memory_mib", "disk_gib", "gpu", "gpu_type"),
+    }
+    assert 0 not in got.values()
+
+
+def test_requested_attributes_fully_specified_has_no_unspecified_list() -> None:
+    """A fully declared shape yields every key and no `unspecified` list."""
+    spec = SandboxSpec(
+        resources=SandboxResources(cpu=2, memory_mib=512, disk_gib=10, gpu=1, gpu_type="a100")
+    )
+    assert requested_attributes(spec) == {
+        PREFIX + "requested.cpu": 2.0,
+        PREFIX + "requested.memory_mib": 512,
+        PREFIX + "requested.disk_gib": 10,
+        PREFIX + "requested.gpu": 1,
+        PREFIX + "requested.gpu_type": "a100",
+    }
+
+
+def test_requested_attributes_duck_typed_resources() -> None:
+    """A nemo_gym-style resources object (any attributes of the same names) is read alike."""
+
+    @dataclass
+    class NemoResources:
+        cpu: float | None = None
+        memory_mib: int | None = 256
+        disk_gib: int | None = None
+        gpu: int | None = None
+        gpu_type: str | None = None
+
+    @dataclass
+    class NemoSpec:
+        resources: NemoResources
+
+    got = requested_attributes(NemoSpec(NemoResources()))  # type: ignore[arg-type]
+    assert got[PREFIX + "requested.memory_mib"] == 256
+    assert got[PREFIX + "requested.unspecified"] == ("cpu", "disk_gib", "gpu", "gpu_type")
+
+
+def test_requested_attributes_invalid_duck_typed_value_raises() -> None:
+    """A negative quantity in a duck-typed spec raises ValueError naming the field."""
+
+    @dataclass
+    class NemoSpec:
+        resources: dict[str, object]
+
+    with pytest.raises(ValueError, match="cpu"):
+        requested_attributes(NemoSpec({"cpu": -1}))  # type: ignore[arg-type]
+
+
+def test_amount_attributes_uses_given_prefix() -> None:
+    """Keys are the prefix plus the quantity name; absent ones are listed under the prefix."""
+    got = amount_attributes(SandboxResourceAmounts(memory_mib=64, gpu=0), "p.")
+    assert got == {"p.memory_mib": 64, "p.gpu": 0, "p.unspecified": ("cpu", "disk_gib")}
+
+
+def test_record_request_gives_distinct_identities() -> None:
+    """Each call gives a fresh uuid4 hex request id and keeps the caller's attributes."""
+    given = {PREFIX + "provider": "fake"}
+    first = record_request(SandboxSpec(), given)
+    second = record_request(SandboxSpec(), given)
+    ids = [first[PREFIX + "request.id"], second[PREFIX + "request.id"]]
+    assert ids[0] != ids[1]
+    for request_id in ids:
+        assert isinstance(request_id, str)
+        assert uuid.UUID(hex=request_id).version == 4
+        assert request_id == uuid.UUID(hex=request_id).hex
+    assert first[PREFIX + "provider"] == "fake"
+    assert given == {PREFIX + "provider": "fake"}
+    assert first[PREFIX + "requested.unspecified"] == (
+        "cpu",
+        "memory_mib",
+        "disk_gib",
+        "gpu",
+        "gpu_type",
+    )
+
+
+def test_record_request_keeps_an_existing_request_id() -> None:
+    """A retry that passes its request id along keeps it."""
+    got = record_request(SandboxSpec(), {PREFIX + "request.id": "abc"})
+    assert got[PREFIX + "request.id"] == "abc"
+
+
+def test_allocation_attributes_uses_identical_keys() -> None:
+    """The typed allocation becomes the documented keys, absent amounts listed."""
+    base = PREFIX + "allocation."
+    assert allocation_attributes(ALLOCATION) == {
+        base + "source": "test",
+        base + "designator.kind": "cgroup",
+        base + "designator.id": "/nemo_gym/x",
+        base + "designator.scope": "boot-1",
+        base + "host.kind": "host",
+        base + "host.id": "node-a",
+        base + "components": ("main",),
+        base + "component.main.requests.cpu": 0.25,
+        base + "component.main.requests.unspecified": ("memory_mib", "disk_gib", "gpu"),
+        base + "component.main.limits.cpu": 0.5,
+        base + "component.main.limits.memory_mib": 64,
+        base + "component.main.limits.unspecified": ("disk_gib", "gpu"),
+    }
+
+
+def test_allocation_attributes_without_placement() -> None:
+    """Without designator, host or components only the source and an empty name list remain."""
+    assert allocation_attributes(ResourceAllocation(source="none")) == {
+        PREFIX + "allocation.source": "none",
+        PREFIX + "allocation.components": (),
+    }
+
+
+# --- the sampler ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exporter(
+    global_tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter
+) -> InMemorySpanExporter:
+    return span_exporter
+
+
+def test_fake_resources_is_a_resource_provider() -> None:
+    """The test's provider satisfies the runtime-checkable protocol."""
+    assert isinstance(FakeResources(), ResourceProvider)
+
+
+async def test_resource_sampler_samples_at_interval_then_one_final(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Samples arrive every interval; stop() adds one final sample, and a second stop() none."""
+    provider = FakeResources()
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0.1)
+    sampler.start()
+    assert sampler.task is not None
+    await asyncio.sleep(0.35)
+    periodic = len(records(exporter))
+    assert 2 <= periodic <= 4
+    await sampler.stop()
+    await sampler.stop()
+    got = records(exporter)
+    assert len(got) == periodic + 1
+    assert [attrs(s)[PREFIX + "resource.final"] for s in got] == [False] * periodic + [True]
+    for span in got:
+        assert attrs(span)[PREFIX + "resource.kind"] == "sample"
+        assert attrs(span)[PREFIX + "id"] == "sbx-1"  # the identity wins over the provider
+        assert PREFIX + "usage.pids" in attrs(span)
+    assert sampler.task is not None
+    assert sampler.task.done()
+    await asyncio.sleep(0.25)
+    assert len(records(exporter)) == periodic + 1
+
+
+async def test_resource_sampler_provider_error_becomes_record(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A provider that raises yields records with resource.error and no exception."""
+    provider = FakeResources()
+    provider.fail = RuntimeError("daemon gone")
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0.1)
+    await sampler.record("allocation")
+    sampler.start()
+    await asyncio.sleep(0.15)
+    await sampler.stop()
+    got = records(exporter)
+    assert len(got) >= 3
+    assert all(attrs(s)[PREFIX + "resource.error"] == "RuntimeError" for s in got)
+    assert attrs(got[0])[PREFIX + "resource.kind"] == "allocation"
+    assert attrs(got[-1])[PREFIX + "resource.final"] is True
+
+
+async def test_resource_sampler_hanging_provider_does_not_delay_stop(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A provider that hangs (even ignoring cancellation) keeps stop() bounded by the interval."""
+    provider = FakeResources()
+    provider.hang = True
+    provider.ignore_cancel = True
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0.2)
+    sampler.start()
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    await sampler.stop()
+    assert time.monotonic() - started < 1.0
+    final = records(exporter)[-1]
+    assert attrs(final)[PREFIX + "resource.final"] is True
+    assert attrs(final)[PREFIX + "resource.error"] == "TimeoutError"
+
+
+async def test_resource_sampler_second_sampler_starts_no_task(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A second sampler for the same sandbox starts no task and records no final sample."""
+    provider = FakeResources()
+    owner = ResourceSampler(provider, handle(), IDENTITY, 0.1)
+    borrowed = ResourceSampler(provider, handle(), IDENTITY, 0.1)
+    owner.start()
+    borrowed.start()
+    assert owner.task is not None
+    assert borrowed.task is None
+    await borrowed.stop()
+    assert records(exporter) == []
+    await owner.stop()
+    assert len([s for s in records(exporter) if attrs(s)[PREFIX + "resource.final"]]) == 1
+    # The owner released the sandbox: a new sampler may own it.
+    later = ResourceSampler(provider, handle(), IDENTITY, 0.1)
+    later.start()
+    assert later.task is not None
+    await later.stop()
+
+
+async def test_resource_sampler_interval_zero_has_no_task_but_final(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """With interval 0 there is no periodic task; stop() still records the final sample."""
+    sampler = ResourceSampler(FakeResources(), handle(), IDENTITY, 0)
+    sampler.start()
+    assert sampler.task is None
+    await sampler.stop()
+    assert [attrs(s)[PREFIX + "resource.final"] for s in records(exporter)] == [True]
+
+
+async def test_resource_sampler_records_parent_to_creation_context(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Records are children of the span current when the sampler was created."""
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("rollout") as parent:
+        sampler = ResourceSampler(FakeResources(), handle(), IDENTITY, 0)
+    with tracer.start_as_current_span("elsewhere"):
+        await sampler.record("allocation")
+    (record,) = records(exporter)
+    assert record.parent is not None
+    assert record.parent.span_id == parent.get_span_context().span_id
+    assert attrs(record)[PREFIX + "allocation.designator.kind"] == "cgroup"
+
+
+async def test_resource_sampler_unknown_kind_raises(exporter: InMemorySpanExporter) -> None:
+    """A record kind other than allocation or sample is a ValueError naming it."""
+    sampler = ResourceSampler(FakeResources(), handle(), IDENTITY, 0)
+    with pytest.raises(ValueError, match="'usage'"):
+        await sampler.record("usage")
+
+
+async def test_resource_sampler_cancelled_caller_propagates(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Cancelling a record in progress raises CancelledError to the canceller."""
+    provider = FakeResources()
+    provider.hang = True
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 10)
+    task = asyncio.ensure_future(sampler.record("sample"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_resource_sampler_attributes_are_a_copy() -> None:
+    """The sampler keeps its own copy of the identity attributes."""
+    given = dict(IDENTITY)
+    sampler = ResourceSampler(FakeResources(), handle(), given, 1)
+    given[PREFIX + "id"] = "changed"
+    assert sampler.attributes == IDENTITY
+
+
+# --- sampling_interval ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def bare_globals() -> Iterator[None]:
+    reset_trace_globals()
+    yield
+    reset_trace_globals()
+
+
+def test_sampling_interval_zero_with_api_provider(
+    bare_globals: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only the API's proxy provider nothing is exported, so no sampling."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "5")
+    assert sampling_interval() == 0
+
+
+def test_sampling_interval_zero_without_exporting_processor(
+    bare_globals: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK provider with no processor but ours (OTEL_TRACES_EXPORTER=none) means no sampling."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "5")
+    provider = TracerProvider()
+    provider.add_span_processor(SandboxSpanProcessor())
+    trace.set_tracer_provider(provider)
+    assert sampling_interval() == 0
+
+
+def test_sampling_interval_zero_when_variable_is_zero(
+    global_tracer_provider: TracerProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interval 0 turns sampling off even while spans are exported."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "0")
+    assert sampling_interval() == 0
+
+
+def test_sampling_interval_zero_when_sdk_disabled(
+    global_tracer_provider: TracerProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_SDK_DISABLED=true turns sampling off."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "5")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert sampling_interval() == 0
+
+
+def test_sampling_interval_positive_with_exporter(
+    bare_globals: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real exporting processor beside ours turns sampling on at the configured interval."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "2.5")
+    provider = TracerProvider()
+    provider.add_span_processor(SandboxSpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    trace.set_tracer_provider(provider)
+    assert sampling_interval() == 2.5
+    monkeypatch.delenv(INTERVAL_VARIABLE)
+    assert sampling_interval() == 10.0
