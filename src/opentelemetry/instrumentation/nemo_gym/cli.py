@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import capacity_warnings
 
 EXIT_SAFE = 0
 EXIT_UNSAFE = 1
@@ -104,7 +105,7 @@ def _capacity(args: argparse.Namespace) -> int:
     capacity = connection_pool.connection_pool_capacity(cfg, args.workers)
     with _quiet_unconfigured_logging():
         connection_pool.report_connection_pool_capacity(cfg, capacity, visible=True)
-    warnings = connection_pool._capacity_warnings(
+    warnings = capacity_warnings(
         cfg,
         capacity,
         connection_pool._fd_soft_limit(),

@@ -12,7 +12,6 @@ Threading: every function here may be called from any thread; the cache has its 
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Iterable
@@ -23,8 +22,6 @@ from opentelemetry.metrics import CallbackOptions, Histogram, ObservableCounter,
 
 from opentelemetry import metrics
 from opentelemetry.instrumentation.nemo_gym.version import __version__
-
-logger = logging.getLogger(__name__)
 
 METER_NAME: Final = "opentelemetry.instrumentation.nemo_gym"
 
