@@ -260,7 +260,11 @@ def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
 
 
 def proc_table() -> list[tuple[int, int, int, float, int]]:
-    """Every process as (pid, session, start time, CPU seconds, RSS bytes), from ``/proc``."""
+    """Every live process as (pid, session, start time, CPU seconds, RSS bytes), from ``/proc``.
+
+    Zombies are left out: they are dead, hold no memory, and wait only for their parent (for
+    orphans, whatever init this machine has) to reap them.
+    """
     tick = os.sysconf("SC_CLK_TCK")
     page = os.sysconf("SC_PAGE_SIZE")
     table = []
@@ -272,6 +276,8 @@ def proc_table() -> list[tuple[int, int, int, float, int]]:
             continue
         # Fields after the command name, which is in parentheses and may hold spaces.
         rest = stat.rpartition(")")[2].split()
+        if not rest or rest[0] == "Z":
+            continue
         try:
             table.append(
                 (

@@ -1,0 +1,406 @@
+"""ProcessSandboxProvider with real processes and, where writable, real cgroups."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from conftest import require_service
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxCreateError,
+    SandboxHandle,
+    SandboxResources,
+    SandboxSpec,
+    SandboxStatus,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
+    EXEC_TIMEOUT_RETURN_CODE,
+    ProcessSandboxProvider,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    PREFIX,
+    ResourceProvider,
+)
+
+PYTHON = sys.executable
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+USAGE = PREFIX + "usage."
+
+
+def cgroup_mounts() -> dict[str, Path]:
+    """Controller -> mount point of this machine's cgroup hierarchies, read independently of
+    the code under test ("" is the v2 hierarchy)."""
+    mounts: dict[str, Path] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fs = right.split()
+        if fs[0] == "cgroup":
+            for option in fs[2].split(","):
+                mounts.setdefault(option, Path(left.split()[4]))
+        elif fs[0] == "cgroup2":
+            mounts.setdefault("", Path(left.split()[4]))
+    return mounts
+
+
+def require_cgroups(provider: ProcessSandboxProvider) -> int:
+    version = provider.cgroup_version
+    require_service(version is not None, "no writable cgroup hierarchy (run as root)")
+    assert version is not None
+    return version
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[ProcessSandboxProvider]:
+    made = ProcessSandboxProvider()
+    yield made
+    await made.aclose()
+
+
+@pytest.fixture
+async def plain_provider() -> AsyncIterator[ProcessSandboxProvider]:
+    made = ProcessSandboxProvider(cgroups=False)
+    yield made
+    await made.aclose()
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def wait_dead(pid: int, within_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+# --- plain behaviour (with or without cgroups) ----------------------------------------------
+
+
+async def test_process_provider_is_a_resource_provider(provider: ProcessSandboxProvider) -> None:
+    """The bundled provider implements the ResourceProvider capability and is named process."""
+    assert isinstance(provider, ResourceProvider)
+    assert provider.name == "process"
+
+
+async def test_process_provider_exec_output_code_cwd_env(
+    provider: ProcessSandboxProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exec returns stdout, stderr and the exit code, honours cwd and env, hides ours."""
+    monkeypatch.setenv("CALLER_SECRET", "do-not-leak")
+    sandbox = await provider.create(
+        SandboxSpec(workdir="work", env={"GREETING": "hi"}, files={"data/a.txt": "alpha"})
+    )
+    result = await provider.exec(
+        sandbox,
+        'cat a.txt; echo " $GREETING $EXTRA ${CALLER_SECRET:-none}"; echo oops >&2; exit 3',
+        cwd="data",
+        env={"EXTRA": "there"},
+    )
+    assert result.stdout == "alpha hi there none\n"
+    assert result.stderr == "oops\n"
+    assert result.return_code == 3
+    assert result.error_type is None
+    assert (await provider.exec(sandbox, "pwd")).stdout.strip().endswith("/work")  # type: ignore[union-attr]
+
+
+async def test_process_provider_timeout_kills_the_process_group(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """At the timeout the whole group dies and the result says so with the sentinel code."""
+    sandbox = await provider.create(SandboxSpec())
+    started = time.monotonic()
+    result = await provider.exec(sandbox, "sleep 30 & echo $! > bg.pid; sleep 30", timeout_s=0.3)
+    assert time.monotonic() - started < 2.0
+    assert result.error_type == "timeout"
+    assert result.return_code == EXEC_TIMEOUT_RETURN_CODE
+    background = int((await provider.exec(sandbox, "cat bg.pid")).stdout or "0")
+    assert await wait_dead(background)
+
+
+async def test_process_provider_signal_death_is_shell_style(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """A command killed by a signal returns 128 plus the signal number."""
+    sandbox = await provider.create(SandboxSpec())
+    result = await provider.exec(sandbox, "kill -TERM $$")
+    assert result.return_code == 128 + 15
+
+
+async def test_process_provider_cancelled_exec_kills_command(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """Cancelling exec propagates CancelledError and kills the command's group."""
+    sandbox = await provider.create(SandboxSpec())
+    task = asyncio.ensure_future(provider.exec(sandbox, "echo $$ > me.pid; exec sleep 30"))
+    root = Path(sandbox.raw.workdir)
+    for _ in range(200):
+        if (root / "me.pid").exists() and (root / "me.pid").read_text().strip():
+            break
+        await asyncio.sleep(0.01)
+    pid = int((root / "me.pid").read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_dead(pid)
+
+
+async def test_process_provider_upload_download_round_trip(
+    provider: ProcessSandboxProvider, tmp_path: Path
+) -> None:
+    """A file uploaded into the sandbox is seen by commands and downloads back unchanged."""
+    sandbox = await provider.create(SandboxSpec())
+    source = tmp_path / "in.bin"
+    source.write_bytes(b"\x00payload\xff")
+    await provider.upload_file(sandbox, source, "nested/in.bin")
+    result = await provider.exec(sandbox, "wc -c < nested/in.bin; cp nested/in.bin out.bin")
+    assert result.stdout == "9\n"
+    target = tmp_path / "out.bin"
+    await provider.download_file(sandbox, "out.bin", target)
+    assert target.read_bytes() == b"\x00payload\xff"
+
+
+async def test_process_provider_refuses_paths_outside_the_sandbox(
+    provider: ProcessSandboxProvider, tmp_path: Path
+) -> None:
+    """Paths that escape the sandbox, by .., absolute or through a symlink, raise ValueError."""
+    sandbox = await provider.create(SandboxSpec())
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    await provider.exec(sandbox, f"ln -s {outside} link")
+    for path in ("../x", str(outside), "link"):
+        with pytest.raises(ValueError, match="outside sandbox"):
+            await provider.download_file(sandbox, path, tmp_path / "copy")
+    with pytest.raises(ValueError, match="target_path"):
+        await provider.upload_file(sandbox, outside, "/etc/evil")
+    with pytest.raises(ValueError, match="cwd"):
+        await provider.exec(sandbox, "true", cwd="/")
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "match"),
+    [
+        (SandboxSpec(workdir="/workspace"), ValueError, "workdir='/workspace'"),
+        (SandboxSpec(workdir="a/../../b"), ValueError, "workdir"),
+        (SandboxSpec(env={"A=B": "x"}), ValueError, "'A=B'"),
+        (SandboxSpec(files={"../x": "y"}), ValueError, "files key"),
+        (SandboxSpec(provider_options={"cpus": 2}), ValueError, "provider_options"),
+        (SandboxSpec(resources={"cpu": 0.001}), ValueError, "cpu=0.001"),
+        (SandboxSpec(resources={"memory_mib": 0}), ValueError, "memory_mib=0"),
+        (SandboxSpec(resources={"gpu": 1}), SandboxCreateError, "gpu=1"),
+        (SandboxSpec(resources={"gpu_type": "a100"}), SandboxCreateError, "gpu_type='a100'"),
+    ],
+)
+async def test_process_provider_create_validates_spec(
+    plain_provider: ProcessSandboxProvider,
+    spec: SandboxSpec,
+    error: type[Exception],
+    match: str,
+) -> None:
+    """A spec the provider cannot honour raises a clear error naming the field and value."""
+    with pytest.raises(error, match=match):
+        await plain_provider.create(spec)
+
+
+async def test_process_provider_exec_validates_arguments(
+    plain_provider: ProcessSandboxProvider,
+) -> None:
+    """Unsupported user, bad timeouts and bad env raise ValueError naming them."""
+    sandbox = await plain_provider.create(SandboxSpec())
+    with pytest.raises(ValueError, match="user='nobody'"):
+        await plain_provider.exec(sandbox, "true", user="nobody")
+    for timeout in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="timeout_s"):
+            await plain_provider.exec(sandbox, "true", timeout_s=timeout)
+    with pytest.raises(ValueError, match="env"):
+        await plain_provider.exec(sandbox, "true", env={"": "x"})
+
+
+def test_process_provider_constructor_validates() -> None:
+    """A cgroup parent that is not one directory name raises ValueError naming it."""
+    with pytest.raises(ValueError, match="cgroup_parent='a/b'"):
+        ProcessSandboxProvider(cgroup_parent="a/b")
+
+
+async def test_process_provider_status_and_close(plain_provider: ProcessSandboxProvider) -> None:
+    """Status follows the lifecycle; close kills background processes, removes the directory
+    and is idempotent; a closed sandbox refuses commands."""
+    sandbox = await plain_provider.create(SandboxSpec())
+    assert await plain_provider.status(sandbox) is SandboxStatus.RUNNING
+    result = await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 & echo $!")
+    background = int(result.stdout or "0")
+    assert alive(background)
+    root = Path(sandbox.raw.root)
+    await plain_provider.close(sandbox)
+    await plain_provider.close(sandbox)
+    assert await wait_dead(background)
+    assert not exists(root)
+    assert await plain_provider.status(sandbox) is SandboxStatus.STOPPED
+    foreign = SandboxHandle("other", "process", None)
+    assert await plain_provider.status(foreign) is SandboxStatus.UNKNOWN
+    with pytest.raises(RuntimeError, match="not open"):
+        await plain_provider.exec(sandbox, "true")
+
+
+async def test_process_provider_without_cgroups_says_so(
+    plain_provider: ProcessSandboxProvider,
+) -> None:
+    """Without cgroups the allocation has source process and no limits; samples use /proc."""
+    sandbox = await plain_provider.create(SandboxSpec(resources={"cpu": 0.5, "memory_mib": 64}))
+    allocation = await plain_provider.resource_allocation(sandbox)
+    assert allocation.source == "process"
+    assert allocation.designator is not None
+    assert allocation.designator.kind == "process"
+    assert allocation.designator.scope == BOOT_ID
+    assert allocation.host is not None
+    assert allocation.host.kind == "host"
+    (component,) = allocation.components
+    assert component.limits.cpu is None
+    assert component.limits.memory_mib is None
+    await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 &")
+    sample = await plain_provider.resource_sample(sandbox)
+    assert sample[USAGE + "source"] == "proc"
+    assert sample[USAGE + "pids"] == 1
+    assert isinstance(sample[USAGE + "memory_mib"], float)
+    assert sample[USAGE + "memory_mib"] > 0
+
+
+# --- with real cgroups ----------------------------------------------------------------------
+
+
+async def test_process_provider_allocation_equals_enforced_limits(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """The allocation reports exactly the cpu and memory limits the kernel files hold."""
+    version = require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5, "memory_mib": 64}))
+    allocation = await provider.resource_allocation(sandbox)
+    assert allocation.source == f"cgroup.v{version}"
+    assert allocation.designator is not None
+    assert allocation.designator.kind == "cgroup"
+    path = allocation.designator.id.lstrip("/")
+    mounts = cgroup_mounts()
+    if version == 1:
+        quota = int((mounts["cpu"] / path / "cpu.cfs_quota_us").read_text())
+        period = int((mounts["cpu"] / path / "cpu.cfs_period_us").read_text())
+        memory = int((mounts["memory"] / path / "memory.limit_in_bytes").read_text())
+        memsw = mounts["memory"] / path / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            assert int(memsw.read_text()) == memory
+    else:
+        quota_text, period_text = (mounts[""] / path / "cpu.max").read_text().split()
+        quota, period = int(quota_text), int(period_text)
+        memory = int((mounts[""] / path / "memory.max").read_text())
+    (component,) = allocation.components
+    assert component.limits.cpu == quota / period == 0.5
+    assert component.limits.memory_mib == memory // (1 << 20) == 64
+    assert component.requests.cpu is None
+
+
+async def test_process_provider_commands_run_inside_the_cgroup(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """A command (and its children) are members of the sandbox's cgroup from the start."""
+    version = require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec(resources={"memory_mib": 128}))
+    allocation = await provider.resource_allocation(sandbox)
+    assert allocation.designator is not None
+    result = await provider.exec(sandbox, "sh -c 'cat /proc/self/cgroup'")
+    # hierarchy-id:controllers:path; v1 lists each hierarchy, v2 has the one "0::" line.
+    lines = [ln.split(":", 2) for ln in (result.stdout or "").splitlines()]
+    wanted = ("cpu", "cpuacct", "memory", "pids") if version == 1 else ("",)
+    joined = {c: path for _, controllers, path in lines for c in controllers.split(",")}
+    for controller in wanted:
+        if controller in joined:
+            assert joined[controller] == allocation.designator.id, controller
+    assert joined["memory" if version == 1 else ""] == allocation.designator.id
+
+
+async def test_process_provider_close_kills_escaped_processes(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """close() kills processes that left the command's session, and removes the cgroup."""
+    require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec())
+    allocation = await provider.resource_allocation(sandbox)
+    assert allocation.designator is not None
+    result = await provider.exec(
+        sandbox, "setsid sh -c 'sleep 30' >/dev/null 2>&1 & sleep 0.1; pgrep -n -x sleep"
+    )
+    escaped = int(result.stdout or "0")
+    assert alive(escaped)
+    await provider.close(sandbox)
+    assert await wait_dead(escaped)
+    for mount in set(cgroup_mounts().values()):
+        assert not (mount / allocation.designator.id.lstrip("/")).exists()
+
+
+async def test_process_provider_cpu_limit_throttles(provider: ProcessSandboxProvider) -> None:
+    """A CPU-bound command under 0.5 CPU is throttled and gets about half a core."""
+    require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5}))
+    started = time.monotonic()
+    burn = f"{PYTHON} -c 'import time\nend = time.time() + 0.8\nwhile time.time() < end: pass'"
+    await provider.exec(sandbox, burn, timeout_s=10)
+    wall = time.monotonic() - started
+    sample = await provider.resource_sample(sandbox)
+    assert sample[USAGE + "cpu.throttled_s"] > 0  # type: ignore[operator]
+    assert sample[USAGE + "cpu.throttled_periods"] > 0  # type: ignore[operator]
+    assert sample[USAGE + "cpu.time_s"] < wall * 0.5 + 0.15  # type: ignore[operator]
+
+
+async def test_process_provider_memory_limit_oom_kills(provider: ProcessSandboxProvider) -> None:
+    """A command exceeding the memory limit is killed by the kernel and the result says so."""
+    require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec(resources=SandboxResources(memory_mib=48)))
+    hog = f"{PYTHON} -c \"b = b'x' * (200 * 1024 * 1024); print('survived')\""
+    result = await provider.exec(sandbox, hog, timeout_s=20)
+    assert result.return_code == 137
+    assert result.error_type == "oom_kill"
+    assert "survived" not in (result.stdout or "")
+    sample = await provider.resource_sample(sandbox)
+    assert sample[USAGE + "oom_kills"] >= 1  # type: ignore[operator]
+    assert 40 <= sample[USAGE + "memory_peak_mib"] <= 48  # type: ignore[operator]
+
+
+async def test_process_provider_sample_counts_pids(provider: ProcessSandboxProvider) -> None:
+    """Background processes in the sandbox show in usage.pids until close."""
+    require_cgroups(provider)
+    sandbox = await provider.create(SandboxSpec())
+    await provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 & sleep 30 >/dev/null 2>&1 &")
+    sample = await provider.resource_sample(sandbox)
+    assert sample[USAGE + "pids"] == 2
+    assert str(sample[USAGE + "source"]).startswith("cgroup.v")
+
+
+def test_process_provider_environment_has_no_caller_variables() -> None:
+    """The sandbox's base environment holds PATH, HOME and LANG only (checked on a sandbox)."""
+
+    async def run() -> str:
+        made = ProcessSandboxProvider(cgroups=False)
+        try:
+            sandbox = await made.create(SandboxSpec())
+            return (await made.exec(sandbox, "env | cut -d= -f1 | sort")).stdout or ""
+        finally:
+            await made.aclose()
+
+    names = set(asyncio.run(run()).split()) - {"PWD", "SHLVL", "_", "OLDPWD"}
+    assert names == {"PATH", "HOME", "LANG"}
+    assert os.environ.get("PATH")
