@@ -450,8 +450,8 @@ def _bundled_classes() -> list[type]:
     return classes
 
 
-def _is_traced(cls: type) -> bool:
-    return isinstance(cls.__dict__.get("create"), wrapt.ObjectProxy)
+# The classes whose methods set_auto_trace(True) wrapped, so each is wrapped once only.
+_AUTO_TRACED: set[type] = set()
 
 
 def set_auto_trace(enabled: bool) -> None:
@@ -462,9 +462,11 @@ def set_auto_trace(enabled: bool) -> None:
     the classes exactly. Called by the instrumentor on instrument and uninstrument.
     """
     for cls in _bundled_classes():
-        if enabled and not _is_traced(cls):
+        if enabled and cls not in _AUTO_TRACED:
             for method in _TRACED_METHODS:
                 wrapt.wrap_function_wrapper(cls, method, _class_wrapper(method))
-        elif not enabled and _is_traced(cls):
+            _AUTO_TRACED.add(cls)
+        elif not enabled and cls in _AUTO_TRACED:
             for method in _TRACED_METHODS:
                 unwrap(cls, method)
+            _AUTO_TRACED.discard(cls)

@@ -1,0 +1,399 @@
+"""Traced providers, sandbox scopes and the stamping span processor, on real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import ProxyTracerProvider, StatusCode
+
+from conftest import require_service
+from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxCreateError,
+    SandboxExecResult,
+    SandboxSpec,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
+    ProcessSandboxProvider,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    _OWNERS,
+    PREFIX,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    SandboxSpanProcessor,
+    install_span_processor,
+    sandbox_scope,
+    set_auto_trace,
+    traced_provider,
+)
+
+INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
+REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
+SECRET = "sk-live-do-not-record-4242"
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+@pytest.fixture
+def exporter(
+    global_tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> InMemorySpanExporter:
+    monkeypatch.setenv(INTERVAL_VARIABLE, "0.1")
+    return span_exporter
+
+
+@pytest.fixture
+async def process() -> AsyncIterator[ProcessSandboxProvider]:
+    made = ProcessSandboxProvider(cgroups=False)
+    yield made
+    await made.aclose()
+
+
+@pytest.fixture
+def processor(global_tracer_provider: TracerProvider) -> Iterator[SandboxSpanProcessor]:
+    made = install_span_processor(global_tracer_provider)
+    assert made is not None
+    yield made
+    made.disable()
+
+
+@dataclass
+class NemoHandle:
+    sandbox_id: str
+    provider_name: str
+    raw: Any = None
+
+
+class BoomError(Exception):
+    """The duck-typed provider's own failure, which must reach the caller untouched."""
+
+
+class NemoLikeProvider:
+    """A provider of nemo_gym's shape that is not ours and has no resource capability."""
+
+    name = "nemo"
+
+    def __init__(self) -> None:
+        self.raised: list[BaseException] = []
+
+    async def create(self, spec: Any) -> NemoHandle:
+        return NemoHandle("n-1", "nemo")
+
+    async def exec(self, handle: Any, command: str, **kwargs: Any) -> SandboxExecResult:
+        error = BoomError("exec failed")
+        self.raised.append(error)
+        raise error
+
+    async def close(self, handle: Any) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_traced_provider_create_records_request_and_identity(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """sandbox.create carries the request id, provider, sandbox id and the requested shape."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5}))
+    await provider.close(sandbox)
+    (create,) = named(exporter, "sandbox.create")
+    got = attrs(create)
+    assert len(got[REQUEST_ID]) == 32
+    assert got[PROVIDER] == "process"
+    assert got[SANDBOX_ID] == sandbox.sandbox_id
+    assert got[PREFIX + "requested.cpu"] == 0.5
+    assert "memory_mib" in got[PREFIX + "requested.unspecified"]
+    (close,) = named(exporter, "sandbox.close")
+    assert attrs(close)[REQUEST_ID] == got[REQUEST_ID]
+
+
+async def test_traced_provider_failed_create_keeps_identity(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """A failed create has an ERROR span with its own request id; the exception is unchanged."""
+    provider = traced_provider(process)
+    for _ in range(2):
+        with pytest.raises(SandboxCreateError, match="no GPUs"):
+            await provider.create(SandboxSpec(resources={"gpu": 1}))
+    spans = named(exporter, "sandbox.create")
+    assert len(spans) == 2
+    assert spans[0].attributes is not None
+    assert spans[0].attributes[REQUEST_ID] != attrs(spans[1])[REQUEST_ID]
+    for span in spans:
+        assert span.status.status_code is StatusCode.ERROR
+        assert attrs(span)[PREFIX + "requested.gpu"] == 1
+        assert SANDBOX_ID not in attrs(span)
+    assert named(exporter, "sandbox.resources") == []
+
+
+async def test_traced_provider_exec_records_return_code_never_command(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """sandbox.exec records the return code; no span anywhere holds the command's text."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec(env={"TOKEN": SECRET}))
+    result = await provider.exec(sandbox, f"echo {SECRET}; exit 3")
+    assert result.return_code == 3
+    assert result.stdout == SECRET + "\n"
+    await provider.exec(sandbox, f"sleep 5 # {SECRET}", timeout_s=0.1)
+    await provider.close(sandbox)
+    first, second = named(exporter, "sandbox.exec")
+    assert attrs(first)[PREFIX + "exec.return_code"] == 3
+    assert attrs(first)[SANDBOX_ID] == sandbox.sandbox_id
+    assert attrs(second)[PREFIX + "exec.error_type"] == "timeout"
+    for span in exporter.get_finished_spans():
+        texts = [str(v) for v in attrs(span).values()]
+        texts += [str(v) for e in span.events for v in (e.attributes or {}).values()]
+        assert not any(SECRET in t for t in texts), span.name
+
+
+async def test_traced_provider_file_and_close_spans(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider, tmp_path: Path
+) -> None:
+    """Upload, download and close are spans with the sandbox identity, in call order."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec())
+    source = tmp_path / "a.txt"
+    source.write_text("x")
+    await provider.upload_file(sandbox, source, "a.txt")
+    await provider.download_file(sandbox, "a.txt", tmp_path / "b.txt")
+    await provider.close(sandbox)
+    lifecycle = [s for s in exporter.get_finished_spans() if s.name != "sandbox.resources"]
+    assert [s.name for s in lifecycle] == [
+        "sandbox.create",
+        "sandbox.upload",
+        "sandbox.download",
+        "sandbox.close",
+    ]
+    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {sandbox.sandbox_id}
+
+
+async def test_traced_provider_records_allocation_samples_and_final(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """Create records the allocation and starts sampling; close records one final sample,
+    all parented to the caller's span."""
+    provider = traced_provider(process)
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("rollout") as rollout:
+        sandbox = await provider.create(SandboxSpec(resources={"memory_mib": 64}))
+    await asyncio.sleep(0.25)
+    await provider.close(sandbox)
+    records = named(exporter, "sandbox.resources")
+    kinds = [attrs(r)[PREFIX + "resource.kind"] for r in records]
+    finals = [attrs(r)[PREFIX + "resource.final"] for r in records]
+    assert kinds[0] == "allocation"
+    assert kinds[1:] == ["sample"] * (len(records) - 1)
+    assert len(records) >= 3
+    assert finals == [False] * (len(records) - 1) + [True]
+    assert attrs(records[0])[PREFIX + "allocation.source"] == "process"
+    for record in records:
+        assert record.parent is not None
+        assert record.parent.span_id == rollout.get_span_context().span_id
+        assert attrs(record)[SANDBOX_ID] == sandbox.sandbox_id
+        assert attrs(record)[REQUEST_ID] == attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
+    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    await asyncio.sleep(0.15)
+    assert len(named(exporter, "sandbox.resources")) == len(records)
+
+
+async def test_traced_provider_no_records_when_nothing_exported(
+    span_exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """With the API's proxy provider no sampler runs and no resource record is attempted."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec())
+    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    await provider.close(sandbox)
+    assert span_exporter.get_finished_spans() == ()
+
+
+async def test_traced_provider_passes_duck_typed_results_and_exceptions(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A nemo_gym-shaped provider's exceptions reach the caller as the same object."""
+    inner = NemoLikeProvider()
+    provider = traced_provider(inner)
+    assert provider.name == "nemo"
+    sandbox = await provider.create({"resources": {"cpu": -1}})  # undescribable spec
+    with pytest.raises(BoomError) as caught:
+        await provider.exec(sandbox, "true")
+    assert caught.value is inner.raised[0]
+    await provider.close(sandbox)
+    await provider.aclose()
+    create = named(exporter, "sandbox.create")[0]
+    assert attrs(create)[SANDBOX_ID] == "n-1"
+    assert len(attrs(create)[REQUEST_ID]) == 32
+    (exec_span,) = named(exporter, "sandbox.exec")
+    assert exec_span.status.status_code is StatusCode.ERROR
+    assert traced_provider(provider) is provider
+
+
+async def test_traced_provider_cancellation_propagates(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """Cancelling a traced exec raises CancelledError in the caller."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec())
+    task = asyncio.ensure_future(provider.exec(sandbox, "sleep 30"))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await provider.close(sandbox)
+
+
+async def test_sandbox_span_processor_stamps_inside_scope_only(
+    exporter: InMemorySpanExporter,
+    processor: SandboxSpanProcessor,
+    process: ProcessSandboxProvider,
+) -> None:
+    """Spans inside sandbox_scope get the identity; spans outside do not; disable() stops it."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec())
+    tracer = trace.get_tracer("user")
+    with sandbox_scope(sandbox):
+        with tracer.start_as_current_span("tool.call"):
+            pass
+        with tracer.start_as_current_span("explicit", attributes={SANDBOX_ID: "mine"}):
+            pass
+        child = asyncio.ensure_future(asyncio.sleep(0))
+        await child
+    with tracer.start_as_current_span("outside"):
+        pass
+    processor.disable()
+    with sandbox_scope(sandbox), tracer.start_as_current_span("after.disable"):
+        pass
+    await provider.close(sandbox)
+    identity = attrs(named(exporter, "sandbox.create")[0])
+    inside = attrs(named(exporter, "tool.call")[0])
+    assert inside[REQUEST_ID] == identity[REQUEST_ID]
+    assert inside[SANDBOX_ID] == sandbox.sandbox_id
+    assert attrs(named(exporter, "explicit")[0])[SANDBOX_ID] == "mine"
+    assert attrs(named(exporter, "outside")[0]) == {}
+    assert attrs(named(exporter, "after.disable")[0]) == {}
+
+
+async def test_sandbox_scope_borrowed_handle_has_provider_and_id(
+    exporter: InMemorySpanExporter, processor: SandboxSpanProcessor
+) -> None:
+    """A handle never created here is stamped with its provider and id, without request id."""
+    with (
+        sandbox_scope(NemoHandle("remote-7", "docker")),
+        trace.get_tracer("u").start_as_current_span("work"),
+    ):
+        pass
+    assert attrs(named(exporter, "work")[0]) == {PROVIDER: "docker", SANDBOX_ID: "remote-7"}
+
+
+def test_install_span_processor_skips_proxy_provider() -> None:
+    """The API's proxy provider cannot take processors: None, and nothing raised."""
+    assert install_span_processor(ProxyTracerProvider()) is None
+
+
+async def test_set_auto_trace_traces_bundled_classes_and_restores(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """With auto-trace on, plain ProcessSandboxProvider objects are traced, once even when
+    also wrapped; off restores the class exactly."""
+    original = ProcessSandboxProvider.__dict__["create"]
+    set_auto_trace(True)
+    set_auto_trace(True)
+    try:
+        plain = ProcessSandboxProvider(cgroups=False)
+        sandbox = await plain.create(SandboxSpec())
+        result = await plain.exec(sandbox, "exit 4")
+        await plain.close(sandbox)
+        assert result.return_code == 4
+        wrapped = traced_provider(ProcessSandboxProvider(cgroups=False))
+        other = await wrapped.create(SandboxSpec())
+        await wrapped.close(other)
+        await wrapped.aclose()
+        await plain.aclose()
+    finally:
+        set_auto_trace(False)
+    set_auto_trace(False)
+    assert ProcessSandboxProvider.__dict__["create"] is original
+    assert [s.name for s in exporter.get_finished_spans() if s.name != "sandbox.resources"] == [
+        "sandbox.create",
+        "sandbox.exec",
+        "sandbox.close",
+        "sandbox.create",
+        "sandbox.close",
+    ]
+    exporter.clear()
+    untraced = ProcessSandboxProvider(cgroups=False)
+    await untraced.close(await untraced.create(SandboxSpec()))
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_traced_provider_aclose_stops_unclosed_samplers(
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+) -> None:
+    """aclose() records the final sample of sandboxes that were never closed."""
+    provider = traced_provider(process)
+    sandbox = await provider.create(SandboxSpec())
+    assert (process.name, sandbox.sandbox_id) in _OWNERS
+    await provider.aclose()
+    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    finals = [
+        r for r in named(exporter, "sandbox.resources") if attrs(r)[PREFIX + "resource.final"]
+    ]
+    assert len(finals) == 1
+    assert sandbox.sandbox_id not in {k[1] for k in tracing._SANDBOXES}
+
+
+async def test_traced_cgroup_sandbox_records_throttling_and_oom(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Under 0.5 CPU and 48 MiB, samples show throttling while a CPU-bound command runs, and
+    after a memory hog is OOM-killed the final record shows the kill and the peak."""
+    inner = ProcessSandboxProvider()
+    require_service(inner.cgroup_version is not None, "no writable cgroup hierarchy")
+    provider = traced_provider(inner)
+    try:
+        sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5, "memory_mib": 48}))
+        loop = "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"
+        burn = f"{sys.executable} -c '{loop}'"
+        await provider.exec(sandbox, burn, timeout_s=10)
+        hog = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
+        result = await provider.exec(sandbox, hog, timeout_s=20)
+        assert result.error_type == "oom_kill"
+        await provider.close(sandbox)
+    finally:
+        await provider.aclose()
+    records = named(exporter, "sandbox.resources")
+    allocation = attrs(records[0])
+    assert allocation[PREFIX + "allocation.component.sandbox.limits.cpu"] == 0.5
+    assert allocation[PREFIX + "allocation.component.sandbox.limits.memory_mib"] == 48
+    samples = [attrs(r) for r in records[1:]]
+    periodic = [s for s in samples if not s[PREFIX + "resource.final"]]
+    assert any(s[PREFIX + "usage.cpu.throttled_s"] > 0 for s in periodic)
+    final = samples[-1]
+    assert final[PREFIX + "resource.final"] is True
+    assert final[PREFIX + "usage.oom_kills"] >= 1
+    assert final[PREFIX + "usage.memory_peak_mib"] <= 48
+    assert str(final[PREFIX + "usage.source"]).startswith("cgroup.v")
+    exec_hog = named(exporter, "sandbox.exec")[-1]
+    assert attrs(exec_hog)[PREFIX + "exec.return_code"] == 137
+    assert attrs(exec_hog)[PREFIX + "exec.error_type"] == "oom_kill"
