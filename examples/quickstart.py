@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     ConnectionPoolCapacity,
     connection_pool_capacity,
@@ -29,8 +34,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     reset_server_name,
     set_server_name,
 )
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 CONNECT_METRIC = "gym.http.connection_pool.connect_total"
@@ -63,9 +66,10 @@ async def send(
     try:
         async with session.get(url, timeout=timeout) as response:
             await response.read()
-        return True
     except asyncio.TimeoutError:
         return False
+    else:
+        return True
     finally:
         reset_server_name(token)
 
@@ -90,7 +94,9 @@ async def run_bursts(limit: int, limit_per_host: int, requests: int, delay_s: fl
         connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
         async with aiohttp.ClientSession(connector=connector) as session:
             # 1. One destination alone: its per-host limit binds before the total does.
-            await asyncio.gather(*(send(session, policy_url, "policy-model") for _ in range(requests // 3)))
+            await asyncio.gather(
+                *(send(session, policy_url, "policy-model") for _ in range(requests // 3))
+            )
             # 2. Both destinations at once: now the total limit is exhausted first.
             both = [send(session, policy_url, "policy-model") for _ in range(requests // 3)]
             both += [send(session, sandbox_url, "sandbox-server") for _ in range(requests // 3)]
@@ -187,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-per-host", type=int, default=8, help="the pool's per-host limit")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="server handler time")
     args = parser.parse_args(argv)
+    # The capacity report is an INFO line, its mismatches WARNING lines; show both, once.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    logging.getLogger(connection_pool.__name__).setLevel(logging.INFO)
 
     reader: InMemoryMetricReader | None = None
     if isinstance(metrics.get_meter_provider(), MeterProvider):
@@ -212,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("Queue waits and connects were exported through the configured exporter.")
 
-    cfg = PoolConfig(args.limit, args.limit_per_host, 2 * (args.requests // 3) + 20, args.requests // 3 + 20)
+    cfg = PoolConfig(
+        args.limit, args.limit_per_host, 2 * (args.requests // 3) + 20, args.requests // 3 + 20
+    )
     capacity: ConnectionPoolCapacity = connection_pool_capacity(cfg, workers=1)
     print("\nCapacity report for this pool against the bursts' concurrency:")
     sys.stdout.flush()
-    report_connection_pool_capacity(cfg, capacity, visible=True)
+    report_connection_pool_capacity(cfg, capacity)
+    sys.stderr.flush()
     return 0
 
 

@@ -19,9 +19,7 @@ def run_instrumented(**overrides: str) -> subprocess.CompletedProcess[str]:
     """Run the app under ``opentelemetry-instrument`` with console exporters by default."""
     bin_dir = Path(sys.executable).parent
     env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OTEL_", "NEMO_GYM"))
+        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
     }
     env.update(
         OTEL_SERVICE_NAME="nemo-gym-auto-test",

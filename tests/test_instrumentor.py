@@ -12,6 +12,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from conftest import ServerFactory
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
@@ -19,8 +20,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     reset_server_name,
     set_server_name,
 )
-
-from conftest import ServerFactory
 
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 CONNECT_METRIC = "gym.http.connection_pool.connect_total"
@@ -119,7 +118,7 @@ async def test_instrument_saturated_pool_records_queue_waits(
 async def test_instrument_leaves_subclasses_and_earlier_connectors_alone(
     instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
 ) -> None:
-    """A subclass of ``TCPConnector`` and a connector built before ``instrument()`` stay as they are."""
+    """Subclasses of ``TCPConnector`` and connectors built before ``instrument()`` stay as is."""
 
     class OwnConnector(aiohttp.TCPConnector):
         pass

@@ -91,14 +91,14 @@ def report_connector_capacity(kwargs: dict[str, Any]) -> None:
     report_connection_pool_capacity(cfg, connection_pool_capacity(cfg, workers))
 
 
-def _log_failure_once() -> None:
+def _log_failure_once(error: Exception) -> None:
     global _failure_logged
     if not _failure_logged:
         _failure_logged = True
         logger.warning(
             "nemo_gym connection-pool instrumentation failed while choosing a connector; "
             "using a plain aiohttp.TCPConnector",
-            exc_info=True,
+            exc_info=error,
         )
 
 
@@ -120,8 +120,8 @@ def patch_tcp_connector(should_time: Callable[[], bool]) -> None:
                 try:
                     if should_time():
                         target = QueueTimedTCPConnector
-                except Exception:
-                    _log_failure_once()
+                except Exception as error:  # noqa: BLE001 - construction must never fail for us
+                    _log_failure_once(error)
                 try:
                     report_connector_capacity(kwargs)
                 except Exception:

@@ -43,7 +43,7 @@ def _checked_quantity(name: str, value: object, kind: type[int] | type[float]) -
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"sandbox resource {name}={value!r} is not a number")
+        raise ValueError(f"sandbox resource {name}={value!r} is not a number")  # noqa: TRY004
     if math.isnan(value) or math.isinf(value):
         raise ValueError(f"sandbox resource {name}={value!r} must be finite")
     if value < 0:
