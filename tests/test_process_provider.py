@@ -341,8 +341,11 @@ async def test_process_provider_close_kills_escaped_processes(
     sandbox = await provider.create(SandboxSpec())
     allocation = await provider.resource_allocation(sandbox)
     assert allocation.designator is not None
+    escape = "setsid sh -c 'echo $$ > escaped.pid; exec sleep 30' >/dev/null 2>&1 &"
     result = await provider.exec(
-        sandbox, "setsid sh -c 'sleep 30' >/dev/null 2>&1 & sleep 0.1; pgrep -n -x sleep"
+        sandbox,
+        escape + " for i in $(seq 100); do [ -s escaped.pid ] && break; sleep 0.02; done;"
+        " cat escaped.pid",
     )
     escaped = int(result.stdout or "0")
     assert alive(escaped)
