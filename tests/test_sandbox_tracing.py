@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import ProxyTracerProvider, StatusCode
 
 from conftest import require_service
+from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
@@ -397,3 +398,46 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
     exec_hog = named(exporter, "sandbox.exec")[-1]
     assert attrs(exec_hog)[PREFIX + "exec.return_code"] == 137
     assert attrs(exec_hog)[PREFIX + "exec.error_type"] == "oom_kill"
+
+
+async def test_enable_disable_cycle_reuses_one_processor(
+    exporter: InMemorySpanExporter, global_tracer_provider: TracerProvider
+) -> None:
+    """enable() adds one processor and auto-traces; disable() silences both; enable() again
+    re-enables the same processor instead of adding another."""
+    original = ProcessSandboxProvider.__dict__["create"]
+    first = tracing.enable(global_tracer_provider)
+    try:
+        assert first is not None
+        assert tracing.enable(global_tracer_provider) is first
+        plain = ProcessSandboxProvider(cgroups=False)
+        sandbox = await plain.create(SandboxSpec())
+        with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("inside"):
+            pass
+        await plain.close(sandbox)
+        tracing.disable()
+        tracing.disable()
+        assert ProcessSandboxProvider.__dict__["create"] is original
+        assert first.enabled is False
+        with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("off"):
+            pass
+        assert tracing.enable(global_tracer_provider) is first
+        assert first.enabled is True
+    finally:
+        tracing.disable()
+    processors = span_processors(global_tracer_provider)
+    assert sum(isinstance(p, SandboxSpanProcessor) for p in processors) == 1
+    assert attrs(named(exporter, "inside")[0])[SANDBOX_ID] == sandbox.sandbox_id
+    assert attrs(named(exporter, "off")[0]) == {}
+    assert [s.name for s in named(exporter, "sandbox.create")] == ["sandbox.create"]
+
+
+def test_enable_with_proxy_provider_still_auto_traces() -> None:
+    """With the API's proxy provider enable() returns None and still traces bundled classes."""
+    original = ProcessSandboxProvider.__dict__["create"]
+    try:
+        assert tracing.enable(ProxyTracerProvider()) is None
+        assert ProcessSandboxProvider.__dict__["create"] is not original
+    finally:
+        tracing.disable()
+    assert ProcessSandboxProvider.__dict__["create"] is original

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import logging
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -30,11 +31,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import wrapt
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.sdk.trace import Span, SpanProcessor
 
-from opentelemetry import trace
 from opentelemetry.instrumentation.nemo_gym import _exporting
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxExecResult,
@@ -56,6 +57,8 @@ from opentelemetry.instrumentation.nemo_gym.version import __version__
 __all__ = [
     "SandboxSpanProcessor",
     "TracedSandboxProvider",
+    "disable",
+    "enable",
     "install_span_processor",
     "sandbox_identity",
     "sandbox_scope",
@@ -242,14 +245,24 @@ async def _traced_call(
     span_name: str,
     handle: Any,
     call: Callable[[], Awaitable[_T]],
+    describe: Callable[[_T], dict[str, Attribute]] | None = None,
 ) -> _T:
-    """Run ``call`` inside a span named ``span_name`` carrying ``handle``'s identity."""
+    """Run ``call`` inside a span named ``span_name`` carrying ``handle``'s identity, plus
+    what ``describe`` says about the result."""
     if _TRACING.get() == id(provider):
         return await call()
     token = _TRACING.set(id(provider))
     try:
-        with _tracer().start_as_current_span(span_name, attributes=_identity_or_empty(handle)):
-            return await call()
+        with _tracer().start_as_current_span(
+            span_name, attributes=_identity_or_empty(handle)
+        ) as span:
+            result = await call()
+            if describe is not None:
+                try:
+                    span.set_attributes(describe(result))
+                except Exception as exc:  # noqa: BLE001 - an odd result is still returned as is
+                    _log_once(("result", span_name, type(exc).__name__), "odd result: %r", exc)
+            return result
     finally:
         _TRACING.reset(token)
 
@@ -262,28 +275,13 @@ def _identity_or_empty(handle: Any) -> dict[str, Attribute]:
         return {}
 
 
-async def _traced_exec(
-    provider: object, handle: Any, call: Callable[[], Awaitable[SandboxExecResult]]
-) -> SandboxExecResult:
-    """Run ``call`` (the provider's exec) inside a ``sandbox.exec`` span with its return code."""
-    if _TRACING.get() == id(provider):
-        return await call()
-    token = _TRACING.set(id(provider))
-    try:
-        with _tracer().start_as_current_span(
-            "sandbox.exec", attributes=_identity_or_empty(handle)
-        ) as span:
-            result = await call()
-            try:
-                span.set_attribute(EXEC_RETURN_CODE, int(result.return_code))
-                error_type = getattr(result, "error_type", None)
-                if error_type:
-                    span.set_attribute(EXEC_ERROR_TYPE, str(error_type))
-            except Exception as exc:  # noqa: BLE001 - an odd result is still returned as is
-                _log_once(("exec-result", type(exc).__name__), "odd exec result: %r", exc)
-            return result
-    finally:
-        _TRACING.reset(token)
+def _describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
+    """The exec span's outcome: the return code and error type, never the command or output."""
+    described: dict[str, Attribute] = {EXEC_RETURN_CODE: int(result.return_code)}
+    error_type = getattr(result, "error_type", None)
+    if error_type:
+        described[EXEC_ERROR_TYPE] = str(error_type)
+    return described
 
 
 async def _stop_sampler(entry: _Sandbox | None) -> None:
@@ -296,22 +294,18 @@ async def _stop_sampler(entry: _Sandbox | None) -> None:
 
 
 async def _traced_close(provider: object, handle: Any, call: Callable[[], Awaitable[_T]]) -> _T:
-    """Stop the sandbox's sampler (recording the final sample), then run the provider's close
-    inside a ``sandbox.close`` span."""
-    if _TRACING.get() == id(provider):
-        return await call()
+    """Inside a ``sandbox.close`` span, stop the sandbox's sampler (recording the final
+    sample while the sandbox still exists), then run the provider's close."""
     key = _key(handle)
     entry = _SANDBOXES.get(key)
-    token = _TRACING.set(id(provider))
+
+    async def stop_then_close() -> _T:
+        await _stop_sampler(entry)
+        return await call()
+
     try:
-        with _tracer().start_as_current_span(
-            "sandbox.close", attributes=_identity_or_empty(handle)
-        ):
-            # Before the provider's close: the final sample must still see the sandbox.
-            await _stop_sampler(entry)
-            return await call()
+        return await _traced_call(provider, "sandbox.close", handle, stop_then_close)
     finally:
-        _TRACING.reset(token)
         if entry is not None and _SANDBOXES.get(key) is entry:
             del _SANDBOXES[key]
 
@@ -355,7 +349,10 @@ class TracedSandboxProvider:
 
     async def exec(self, handle: SandboxHandle, command: str, **kwargs: Any) -> SandboxExecResult:
         p = self.wrapped
-        return await _traced_exec(p, handle, lambda: p.exec(handle, command, **kwargs))
+        result: SandboxExecResult = await _traced_call(
+            p, "sandbox.exec", handle, lambda: p.exec(handle, command, **kwargs), _describe_exec
+        )
+        return result
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         p = self.wrapped
@@ -420,7 +417,7 @@ def _class_wrapper(method: str) -> Callable[..., Awaitable[Any]]:
             return _traced_aclose(instance, call)
         handle = _argument(args, kwargs, 0, "handle")
         if method == "exec":
-            return _traced_exec(instance, handle, call)
+            return _traced_call(instance, "sandbox.exec", handle, call, _describe_exec)
         if method == "close":
             return _traced_close(instance, handle, call)
         span_name = "sandbox.upload" if method == "upload_file" else "sandbox.download"
@@ -450,8 +447,8 @@ def _bundled_classes() -> list[type]:
     return classes
 
 
-# The classes whose methods set_auto_trace(True) wrapped, so each is wrapped once only.
-_AUTO_TRACED: set[type] = set()
+# The classes set_auto_trace(True) wrapped, with the methods it wrapped; each class once.
+_AUTO_TRACED: dict[type, list[str]] = {}
 
 
 def set_auto_trace(enabled: bool) -> None:
@@ -463,10 +460,46 @@ def set_auto_trace(enabled: bool) -> None:
     """
     for cls in _bundled_classes():
         if enabled and cls not in _AUTO_TRACED:
-            for method in _TRACED_METHODS:
+            methods = [m for m in _TRACED_METHODS if callable(getattr(cls, m, None))]
+            for method in methods:
                 wrapt.wrap_function_wrapper(cls, method, _class_wrapper(method))
-            _AUTO_TRACED.add(cls)
+            _AUTO_TRACED[cls] = methods
         elif not enabled and cls in _AUTO_TRACED:
-            for method in _TRACED_METHODS:
+            for method in _AUTO_TRACED.pop(cls):
                 unwrap(cls, method)
-            _AUTO_TRACED.discard(cls)
+
+
+# --- the instrumentor's entry points --------------------------------------------------------
+
+# Our processor on each tracer provider, so that instrument() after uninstrument() re-enables
+# it rather than stacking a second one (the SDK cannot remove processors).
+_PROCESSORS: weakref.WeakKeyDictionary[trace.TracerProvider, SandboxSpanProcessor] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def enable(tracer_provider: trace.TracerProvider | None = None) -> SandboxSpanProcessor | None:
+    """Turn sandbox tracing on: the stamping processor on ``tracer_provider`` (default: the
+    global one) and ``set_auto_trace(True)``. Idempotent; what ``instrument()`` calls.
+
+    Returns the processor, or ``None`` for a provider that cannot take one (logged at debug
+    level; the bundled providers are still traced).
+    """
+    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    processor = _PROCESSORS.get(provider)
+    if processor is not None:
+        processor.enabled = True
+    else:
+        processor = install_span_processor(provider)
+        if processor is not None:
+            _PROCESSORS[provider] = processor
+    set_auto_trace(True)
+    return processor
+
+
+def disable() -> None:
+    """Turn sandbox tracing off: every processor ``enable`` added becomes a no-op and the
+    bundled provider classes are restored. Idempotent; what ``uninstrument()`` calls."""
+    for processor in list(_PROCESSORS.values()):
+        processor.disable()
+    set_auto_trace(False)
