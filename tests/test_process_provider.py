@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxHandle,
+    SandboxResourceAmounts,
     SandboxResources,
     SandboxSpec,
     SandboxStatus,
@@ -407,3 +409,40 @@ def test_process_provider_environment_has_no_caller_variables() -> None:
     names = set(asyncio.run(run()).split()) - {"PWD", "SHLVL", "_", "OLDPWD"}
     assert names == {"PATH", "HOME", "LANG"}
     assert os.environ.get("PATH")
+
+
+def test_cgroup_v2_files_written_and_read_back(tmp_path: Path) -> None:
+    """On a v2 layout (a directory in cgroupfs's file format, since this host's cpu and
+    memory controllers may be bound to v1) the limits written are the ones read back, and
+    samples parse the v2 files; "max" reads as unlimited."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    layout = _cgroups.Layout(2, {"": tmp_path})
+    made = _cgroups.make_cgroup(layout, "nemo_gym", "sbx", 0.5, 64)
+    directory = tmp_path / "nemo_gym" / "sbx"
+    assert made.path == "/nemo_gym/sbx"
+    assert made.unique_dirs() == [directory]
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (tmp_path / "nemo_gym" / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (directory / "cpu.max").read_text() == "50000 100000"
+    assert (directory / "memory.max").read_text() == str(64 << 20)
+    assert _cgroups.cgroup_limits(made) == SandboxResourceAmounts(cpu=0.5, memory_mib=64)
+    (directory / "cpu.stat").write_text(
+        "usage_usec 1500000\nnr_periods 30\nnr_throttled 12\nthrottled_usec 250000\n"
+    )
+    (directory / "memory.current").write_text(str(10 << 20))
+    (directory / "memory.peak").write_text(str(64 << 20))
+    (directory / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    (directory / "pids.current").write_text("3\n")
+    assert _cgroups.cgroup_sample(made) == {
+        USAGE + "source": "cgroup.v2",
+        USAGE + "cpu.time_s": 1.5,
+        USAGE + "cpu.throttled_s": 0.25,
+        USAGE + "cpu.throttled_periods": 12,
+        USAGE + "memory_mib": 10.0,
+        USAGE + "memory_peak_mib": 64.0,
+        USAGE + "oom_kills": 1,
+        USAGE + "pids": 3,
+    }
+    (directory / "cpu.max").write_text("max 100000\n")
+    (directory / "memory.max").write_text("max\n")
+    assert _cgroups.cgroup_limits(made) == SandboxResourceAmounts()

@@ -2,8 +2,9 @@
 
 Finds writable cgroup hierarchies (v1 or v2), creates and configures one cgroup per sandbox,
 reads back the limits the kernel enforces and the usage it accounts, and removes the cgroup.
-Every function here is synchronous: cgroup files are small in-memory kernel files, so reading
-or writing one does not block the event loop in any way that matters.
+Cgroup files are small in-memory kernel files, so they are read and written synchronously,
+even from the event loop; only ``remove_cgroup`` is a coroutine, because it waits between
+retries.
 """
 
 from __future__ import annotations
@@ -203,13 +204,14 @@ def cgroup_limits(cgroup: Cgroup) -> SandboxResourceAmounts:
         if limit is not None and limit < _V1_UNLIMITED:
             memory_mib = limit // MIB
     else:
+        # cpu.max is "<quota> <period>" or "max <period>"; memory.max is "<bytes>" or "max".
         quota_text, _, period_text = (read_text(cgroup.file("cpu", "cpu.max")) or "max").partition(
             " "
         )
-        if quota_text != "max" and period_text:
+        if quota_text.isdigit() and period_text.isdigit() and int(period_text) > 0:
             cpu = int(quota_text) / int(period_text)
         limit_text = read_text(cgroup.file("memory", "memory.max")) or "max"
-        if limit_text != "max":
+        if limit_text.isdigit():
             memory_mib = int(limit_text) // MIB
     return SandboxResourceAmounts(cpu=cpu, memory_mib=memory_mib)
 
