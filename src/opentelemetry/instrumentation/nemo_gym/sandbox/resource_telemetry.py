@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 from urllib.parse import urlsplit
 
 from opentelemetry import context, trace
+
 from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
