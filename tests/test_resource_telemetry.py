@@ -296,6 +296,23 @@ async def test_resource_sampler_hanging_provider_does_not_delay_stop(
     assert attrs(final)[PREFIX + "resource.error"] == "TimeoutError"
 
 
+async def test_resource_sampler_stop_marks_record_cancelled_in_flight(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A periodic record cut short by stop() says CancelledError; none is exported empty."""
+    provider = FakeResources()
+    provider.hang = True
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0.2)
+    sampler.start()
+    await asyncio.sleep(0.3)  # the first periodic record is now waiting on the provider
+    await sampler.stop()
+    periodic = [r for r in records(exporter) if attrs(r)[PREFIX + "resource.final"] is False]
+    assert [attrs(r).get(PREFIX + "resource.error") for r in periodic] == ["CancelledError"]
+    for record in records(exporter):
+        has_usage = any(key.startswith(PREFIX + "usage.") for key in attrs(record))
+        assert has_usage or PREFIX + "resource.error" in attrs(record)
+
+
 async def test_resource_sampler_second_sampler_starts_no_task(
     exporter: InMemorySpanExporter,
 ) -> None:

@@ -419,6 +419,11 @@ class ResourceSampler:
                 data = _sample_attributes(answer)
             # The provider's answer never overrides the sandbox's identity.
             span.set_attributes({k: v for k, v in data.items() if k not in start})
+        except asyncio.CancelledError:
+            # stop() cancelled a periodic record while the provider was answering: the record
+            # says so instead of being exported as an empty sample, and cancellation goes on.
+            span.set_attribute(PREFIX + "resource.error", "CancelledError")
+            raise
         except Exception as exc:  # noqa: BLE001 - a failed provider call is part of the record
             span.set_attribute(PREFIX + "resource.error", type(exc).__name__)
             _log_once(
