@@ -5,15 +5,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import ProxyTracerProvider
 
 from conftest import ServerFactory
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
+    ProcessSandboxProvider,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import sandbox_scope
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
@@ -265,3 +274,67 @@ async def test_instrument_bad_environment_value_warns_once(
     assert all(type(c) is QueueTimedTCPConnector for c in connectors)
     for connector in connectors:
         await connector.close()
+
+
+# --- the sandbox half -----------------------------------------------------------------------
+
+
+def stamped(span: Any) -> bool:
+    return any(key.startswith("nemo.gym.sandbox.") for key in (span.attributes or {}))
+
+
+async def test_instrument_registers_sandbox_processor_and_uninstrument_silences_it(
+    instrumentor: NemoGymInstrumentor,
+    global_tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    tmp_path: Path,
+) -> None:
+    """Spans inside ``sandbox_scope`` carry the sandbox identity until ``uninstrument()``."""
+    instrumentor.instrument(tracer_provider=global_tracer_provider, connection_pool=False)
+    tracer = global_tracer_provider.get_tracer("user-code")
+    provider = ProcessSandboxProvider(base_dir=tmp_path)
+    handle = await provider.create(SandboxSpec())
+    try:
+        with sandbox_scope(handle), tracer.start_as_current_span("grade-answer"):
+            pass
+        instrumentor.uninstrument()
+        with sandbox_scope(handle), tracer.start_as_current_span("after-uninstrument"):
+            pass
+    finally:
+        await provider.close(handle)
+    spans = {s.name: s for s in span_exporter.get_finished_spans()}
+    assert spans["grade-answer"].attributes["nemo.gym.sandbox.id"] == handle.sandbox_id
+    assert not stamped(spans["after-uninstrument"])
+
+
+async def test_instrument_traces_bundled_providers_until_uninstrument(
+    instrumentor: NemoGymInstrumentor,
+    global_tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    tmp_path: Path,
+) -> None:
+    """A plain ``ProcessSandboxProvider`` is traced after ``instrument()`` and not after."""
+    instrumentor.instrument(connection_pool=False)
+    provider = ProcessSandboxProvider(base_dir=tmp_path)
+    handle = await provider.create(SandboxSpec())
+    await provider.exec(handle, "true")
+    await provider.close(handle)
+    names = [s.name for s in span_exporter.get_finished_spans()]
+    assert names.count("sandbox.create") == 1
+    assert names.count("sandbox.exec") == 1
+    assert names.count("sandbox.close") == 1
+
+    instrumentor.uninstrument()
+    span_exporter.clear()
+    handle = await provider.create(SandboxSpec())
+    await provider.close(handle)
+    assert span_exporter.get_finished_spans() == ()
+
+
+async def test_instrument_with_proxy_tracer_provider_skips_processor(
+    instrumentor: NemoGymInstrumentor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With only the API's proxy provider there is nowhere to add a processor: debug, no error."""
+    with caplog.at_level(logging.DEBUG, logger="opentelemetry.instrumentation.nemo_gym"):
+        instrumentor.instrument(tracer_provider=ProxyTracerProvider(), connection_pool=False)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
