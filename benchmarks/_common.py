@@ -14,7 +14,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,13 +63,21 @@ def server_process(host: str = "127.0.0.1", delay_s: float = 0.0) -> Iterator[Se
             process.wait(timeout=5)
 
 
-async def _one(session: aiohttp.ClientSession, url: str) -> None:
+async def _one(session: aiohttp.ClientSession, url: str, after: Callable[[], None] | None) -> None:
     async with session.get(url) as response:
         await response.read()
         response.raise_for_status()
+    if after is not None:
+        after()
 
 
-async def drive(session: aiohttp.ClientSession, url: str, requests: int, concurrency: int) -> None:
+async def drive(
+    session: aiohttp.ClientSession,
+    url: str,
+    requests: int,
+    concurrency: int,
+    after: Callable[[], None] | None = None,
+) -> None:
     """Send ``requests`` GETs to ``url`` in waves of ``concurrency`` tasks, one request each.
 
     This is a rollout server's fan-out: every wave starts all its requests at once, so with
@@ -81,7 +89,7 @@ async def drive(session: aiohttp.ClientSession, url: str, requests: int, concurr
     sent = 0
     while sent < requests:
         wave = min(concurrency, requests - sent)
-        await asyncio.gather(*(_one(session, url) for _ in range(wave)))
+        await asyncio.gather(*(_one(session, url, after) for _ in range(wave)))
         sent += wave
 
 
