@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
+from opentelemetry import context as otel_context
+from opentelemetry import metrics
 from opentelemetry.metrics import Histogram
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.test.globals_test import reset_metrics_globals
 from opentelemetry.util.types import Attributes
 
-from opentelemetry import context as otel_context
-from opentelemetry import metrics
 from opentelemetry.instrumentation.nemo_gym import _aiohttp_compat
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
