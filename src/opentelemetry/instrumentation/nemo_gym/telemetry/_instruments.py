@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Histogram, ObservableCounter, Observation
 
-from opentelemetry import metrics
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 METER_NAME: Final = "opentelemetry.instrumentation.nemo_gym"
