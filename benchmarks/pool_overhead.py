@@ -121,28 +121,8 @@ def _install(mode: str, providers: Providers) -> Callable[[], None]:
     def remove() -> None:
         for step in reversed(undo):
             step()
-        if mode != "contrib":
-            _check_plain_construction()
 
     return remove
-
-
-def _passthrough_new(cls: type[aiohttp.TCPConnector], *args: object, **kwargs: object) -> object:
-    return object.__new__(cls)
-
-
-def _check_plain_construction() -> None:
-    """Keep ``TCPConnector(limit=...)`` constructible after ``NemoGymInstrumentor.uninstrument()``.
-
-    Once a class has had a ``__new__`` assigned, deleting it leaves CPython's constructor slot
-    on the Python-level path, where ``object.__new__`` refuses the constructor's arguments
-    (``TypeError: object.__new__() takes exactly one argument``). Where the installed
-    instrumentor restores construction by deleting its ``__new__``, a pass-through
-    ``__new__`` (what construction does anyway) is put back so the next mode can run; it
-    costs nothing per request.
-    """
-    if "__new__" not in vars(aiohttp.TCPConnector):
-        aiohttp.TCPConnector.__new__ = _passthrough_new  # type: ignore[assignment,method-assign]
 
 
 @dataclass

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import ProxyTracerProvider
 
 from conftest import ServerFactory
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _connector_patch
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
@@ -145,15 +145,26 @@ async def test_instrument_leaves_subclasses_and_earlier_connectors_alone(
 async def test_uninstrument_restores_construction(
     instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
 ) -> None:
-    """After ``uninstrument()``, ``TCPConnector`` has no ``__new__`` of ours and builds itself."""
-    had_new = "__new__" in aiohttp.TCPConnector.__dict__
+    """After ``uninstrument()``, ``TCPConnector`` and its subclasses build with their arguments."""
+
+    class OwnConnector(aiohttp.TCPConnector):
+        def __init__(self, marker: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.marker = marker
+
     instrumentor.instrument(meter_provider=meter_provider)
-    assert "__new__" in aiohttp.TCPConnector.__dict__
+    timed = aiohttp.TCPConnector(limit=4, limit_per_host=2)
+    assert type(timed) is QueueTimedTCPConnector
     instrumentor.uninstrument()
-    assert ("__new__" in aiohttp.TCPConnector.__dict__) == had_new
-    connector = aiohttp.TCPConnector()
+    connector = aiohttp.TCPConnector(limit=4, limit_per_host=2)
     assert type(connector) is aiohttp.TCPConnector
-    await connector.close()
+    assert (connector.limit, connector.limit_per_host) == (4, 2)
+    own = OwnConnector("mine", limit=3)
+    assert (type(own), own.marker, own.limit) == (OwnConnector, "mine", 3)
+    async with aiohttp.ClientSession() as session:
+        assert type(session.connector) is aiohttp.TCPConnector
+    for each in (timed, connector, own):
+        await each.close()
 
 
 async def test_instrument_twice_is_harmless(
@@ -227,7 +238,7 @@ async def test_instrument_connection_pool_disabled_by_environment(
     """``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL=false`` leaves connector construction alone."""
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL", "false")
     instrumentor.instrument(meter_provider=meter_provider)
-    assert "__new__" not in aiohttp.TCPConnector.__dict__
+    assert not _connector_patch.is_patched()
     connector = aiohttp.TCPConnector()
     assert type(connector) is aiohttp.TCPConnector
     await connector.close()

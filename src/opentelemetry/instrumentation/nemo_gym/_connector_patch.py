@@ -102,6 +102,26 @@ def _log_failure_once(error: Exception) -> None:
         )
 
 
+def _plain_new(cls: type[aiohttp.TCPConnector], *args: Any, **kwargs: Any) -> Any:
+    """Construct exactly as the inherited ``object.__new__`` does for ``TCPConnector``.
+
+    CPython cannot hand a class back its inherited ``object.__new__`` once ``__new__`` has
+    been assigned on it: after ``del`` the type keeps the slot that forwards the constructor's
+    arguments, and ``object.__new__`` then refuses them (``TCPConnector(limit=4)`` would raise
+    ``TypeError``). So uninstrumenting installs this instead: same instance, same ``__init__``
+    call with the caller's arguments, for ``TCPConnector`` and every subclass.
+    """
+    return object.__new__(cls)
+
+
+def _unwrap_new(new: object) -> Callable[..., Any]:
+    """The callable behind a ``__new__`` found in a class dictionary (maybe a staticmethod)."""
+    if new is _MISSING:
+        return _plain_new
+    function = new.__func__ if isinstance(new, staticmethod) else new
+    return function if callable(function) else _plain_new
+
+
 def patch_tcp_connector(should_time: Callable[[], bool]) -> None:
     """Make ``TCPConnector(...)`` build a ``QueueTimedTCPConnector`` while ``should_time()``.
 
@@ -113,6 +133,7 @@ def patch_tcp_connector(should_time: Callable[[], bool]) -> None:
         if _patched:
             return
         _original_new = aiohttp.TCPConnector.__dict__.get("__new__", _MISSING)
+        construct = _unwrap_new(_original_new)
 
         def __new__(cls: type[aiohttp.TCPConnector], *args: Any, **kwargs: Any) -> Any:  # noqa: N807
             target: type[aiohttp.TCPConnector] = cls
@@ -128,24 +149,21 @@ def patch_tcp_connector(should_time: Callable[[], bool]) -> None:
                     # A limit aiohttp itself will refuse, or a report that cannot be made:
                     # the application's own construction decides what happens next.
                     logger.debug("nemo_gym could not report connector capacity", exc_info=True)
-            # object.__new__ refuses extra arguments once __new__ is overridden; __init__
-            # receives them from type.__call__.
-            return object.__new__(target)
+            # type.__call__ then runs target.__init__ with the caller's arguments.
+            return construct(target, *args, **kwargs)
 
         aiohttp.TCPConnector.__new__ = __new__  # type: ignore[method-assign,assignment]
         _patched = True
 
 
 def unpatch_tcp_connector() -> None:
-    """Restore ``TCPConnector`` construction exactly as it was before the patch."""
+    """Restore ``TCPConnector`` construction: the original ``__new__``, or ``_plain_new``."""
     global _original_new, _patched
     with _lock:
         if not _patched:
             return
-        if _original_new is _MISSING:
-            del aiohttp.TCPConnector.__new__
-        else:
-            aiohttp.TCPConnector.__new__ = _original_new  # type: ignore[method-assign,assignment]
+        restored = _plain_new if _original_new is _MISSING else _original_new
+        aiohttp.TCPConnector.__new__ = restored  # type: ignore[method-assign,assignment]
         _original_new = _MISSING
         _patched = False
 
