@@ -521,6 +521,26 @@ async def test_build_connection_pool_connector_sdk_without_readers_is_plain(
         provider.shutdown()
 
 
+async def test_build_connection_pool_connector_reader_added_later_is_timed(
+    clean_metrics_globals: None,
+) -> None:
+    """A reader added after construction (``add_metric_reader``) counts as exporting."""
+    provider = MeterProvider()
+    if not hasattr(provider, "add_metric_reader"):
+        pytest.skip("this opentelemetry-sdk cannot add readers after construction")
+    metrics.set_meter_provider(provider)
+    try:
+        before = build_connection_pool_connector()
+        assert type(before) is aiohttp.TCPConnector
+        await before.close()
+        provider.add_metric_reader(InMemoryMetricReader())
+        after = build_connection_pool_connector()
+        assert type(after) is QueueTimedTCPConnector
+        await after.close()
+    finally:
+        provider.shutdown()
+
+
 async def test_build_connection_pool_connector_sdk_disabled_is_plain(
     global_meter_provider: MeterProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:

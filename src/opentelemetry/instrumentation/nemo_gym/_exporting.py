@@ -30,8 +30,25 @@ def metrics_exported(meter_provider: metrics.MeterProvider | None = None) -> boo
         return False
     if getattr(provider, "_disabled", False):
         return False
+    return _metric_reader_count(provider) > 0
+
+
+def _metric_reader_count(provider: SdkMeterProvider) -> int:
+    # Newer SDKs can add and remove readers after construction (add_metric_reader); the
+    # measurement consumer's storages are then the live set, while _metric_readers only
+    # remembers the constructor's argument. Older SDKs have just the latter.
+    consumer = getattr(provider, "_measurement_consumer", None)
+    storages = getattr(consumer, "_reader_storages", None)
+    if storages is not None:
+        try:
+            return len(storages)
+        except TypeError:
+            pass
     readers = getattr(provider, "_metric_readers", ())
-    return len(readers) > 0
+    try:
+        return len(readers)
+    except TypeError:
+        return 0
 
 
 def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]:
