@@ -82,12 +82,15 @@ def queue_constraint(connector: object) -> str:
     the total limit is binding; otherwise it must be the per-host limit. ``unknown`` means the
     connector's limits could not be read.
     """
-    limit = total_limit(connector)
-    if limit is None or limit < 0:
+    # Written out rather than through total_limit()/acquired_total(): this runs once per
+    # queued wait, on aiohttp's request path, where each extra call is measurable.
+    limit = getattr(connector, "_limit", None)
+    if type(limit) is not int or limit < 0:
         return CONSTRAINT_UNKNOWN
     if limit == 0:
         return CONSTRAINT_PER_HOST
-    acquired = acquired_total(connector)
-    if acquired is None:
+    try:
+        acquired = len(getattr(connector, "_acquired", None))  # type: ignore[arg-type]
+    except TypeError:
         return CONSTRAINT_UNKNOWN
     return CONSTRAINT_TOTAL if acquired >= limit else CONSTRAINT_PER_HOST

@@ -147,12 +147,6 @@ def _log_failure_once(what: str, error: Exception) -> None:
     logger.debug("connection-pool telemetry failed while %s; carrying on", what, exc_info=error)
 
 
-def _count_connect(label: str) -> None:
-    bounded = _bounded_label(label)
-    with _CONNECT_COUNTS_LOCK:
-        _CONNECT_COUNTS[bounded] = _CONNECT_COUNTS.get(bounded, 0) + 1
-
-
 def _connect_count_snapshot() -> dict[str, int]:
     """Return a copy of the connect counts per destination label; safe from any thread."""
     with _CONNECT_COUNTS_LOCK:
@@ -213,8 +207,14 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
 
         Counted first so that failed, timed-out and cancelled connects are counted too.
         """
+        # The counting is written out, not delegated: this runs for every request, inside
+        # aiohttp's request path, where every extra call shows in benchmarks/pool_overhead.py.
         try:
-            _count_connect(_SERVER_NAME.get())
+            label = _SERVER_NAME.get()
+            if label not in _SEEN_LABELS:
+                label = _bounded_label(label)
+            with _CONNECT_COUNTS_LOCK:
+                _CONNECT_COUNTS[label] = _CONNECT_COUNTS.get(label, 0) + 1
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
             _log_failure_once("counting a connect", error)
         return await super().connect(req, *args, **kwargs)
@@ -222,7 +222,7 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
     async def _wait_for_available_connection(self, key: ConnectionKey, traces: list[Trace]) -> None:
         # Classified before waiting: by the time the wait ends the slot that freed up has
         # changed the counts, and the question is what made us wait.
-        constraint = _connector_queue_constraint(self)
+        constraint = _aiohttp_compat.queue_constraint(self)
         label = _SERVER_NAME.get()
         started = perf_counter()
         try:
