@@ -6,17 +6,20 @@ Benchmarks are scripts, not tests: run them from the repository root, for exampl
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from opentelemetry.sdk.metrics.export import (
@@ -162,3 +165,28 @@ def machine() -> dict[str, str]:
 def print_machine() -> None:
     facts = machine()
     print("machine: " + "; ".join(f"{key} {value}" for key, value in facts.items()))
+
+
+def require_at_least(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, minimum: float, *names: str
+) -> None:
+    """Stop with a usage error naming the first of ``names`` whose value is below ``minimum``."""
+    for name in names:
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be at least {minimum}")
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    benchmark: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    print_result: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run ``benchmark(args)``; print the machine and a table, or with ``--json`` one object."""
+    if not args.json:
+        print_machine()
+    result = asyncio.run(benchmark(args))
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print_result(result)

@@ -14,9 +14,7 @@ Run from the repository root: ``python benchmarks/memory.py`` (``--help`` for fl
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
-import json
 import sys
 import time
 
@@ -24,8 +22,9 @@ import aiohttp
 from _common import (
     DiscardingMetricExporter,
     drive,
-    print_machine,
+    require_at_least,
     rss_bytes,
+    run_and_report,
     server_process,
 )
 from _common import machine as machine_facts
@@ -174,19 +173,19 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
-    for name in ("requests", "checkpoints", "concurrency", "limit", "batch", "export_interval_ms"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be 0 or more")
-    if not args.json:
-        print_machine()
-    result = asyncio.run(_benchmark(args))
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        _print(result)
+    require_at_least(
+        parser,
+        args,
+        1,
+        "requests",
+        "checkpoints",
+        "concurrency",
+        "limit",
+        "batch",
+        "export_interval_ms",
+    )
+    require_at_least(parser, args, 0, "warmup")
+    run_and_report(args, _benchmark, _print)
 
 
 if __name__ == "__main__":

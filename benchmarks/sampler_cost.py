@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import struct
@@ -34,7 +33,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from _common import DiscardingSpanExporter, median, print_machine
+from _common import DiscardingSpanExporter, median, require_at_least, run_and_report
 from _common import machine as machine_facts
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -309,18 +308,11 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
-    if args.sandboxes < 1 or args.rounds < 1 or args.docker_sandboxes < 0:
-        parser.error("--sandboxes and --rounds must be at least 1, --docker-sandboxes >= 0")
+    require_at_least(parser, args, 1, "sandboxes", "rounds")
+    require_at_least(parser, args, 0, "docker_sandboxes")
     if not args.live_seconds > 0:
         parser.error("--live-seconds must be positive")
-    if not args.json:
-        print_machine()
-    result = asyncio.run(_benchmark(args))
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        _print(result)
+    run_and_report(args, _benchmark, _print)
 
 
 if __name__ == "__main__":
