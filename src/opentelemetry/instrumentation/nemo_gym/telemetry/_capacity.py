@@ -155,10 +155,11 @@ def capacity_warnings(
     """The unsafe mismatches between intended demand and capacity; limits alone never warn."""
     warnings: list[str] = []
     effective = _effective_per_host_limit(capacity.total, capacity.per_host)
+    workers = f"{capacity.workers} worker{'' if capacity.workers == 1 else 's'}"
     if capacity.intended is not None and capacity.total and capacity.intended > capacity.total:
         warnings.append(
             f"intended concurrency per worker {capacity.intended} exceeds the connector "
-            f"limit per worker {capacity.total} ({capacity.workers} workers); the excess "
+            f"limit per worker {capacity.total} ({workers}); the excess "
             "requests queue for a pool slot and the wait looks like server latency"
         )
     if (
@@ -169,7 +170,7 @@ def capacity_warnings(
         warnings.append(
             f"intended per-host concurrency per worker {capacity.intended_per_host} exceeds "
             f"the effective per-host limit per worker {effective} "
-            f"({capacity.workers} workers); requests to one destination will queue"
+            f"({workers}); requests to one destination will queue"
         )
     aggregate_per_host = cfg.global_aiohttp_intended_concurrency_per_host
     if (
