@@ -50,25 +50,22 @@ def test_opentelemetry_instrument_exports_queue_histogram() -> None:
     assert '"nemo.gym.http.destination.server.name": "external"' in result.stdout
 
 
-def test_opentelemetry_instrument_respects_disabled_instrumentations() -> None:
-    """``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=nemo_gym`` leaves aiohttp untouched."""
-    result = run_instrumented(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="nemo_gym")
-    assert result.returncode == 0, result.stderr
-    assert "connector=TCPConnector" in result.stdout
-    assert QUEUE_METRIC not in result.stdout
-
-
-def test_opentelemetry_instrument_without_metrics_exporter_builds_plain_connectors() -> None:
-    """``OTEL_METRICS_EXPORTER=none`` means nothing is exported, so connectors stay plain."""
-    result = run_instrumented(OTEL_METRICS_EXPORTER="none")
-    assert result.returncode == 0, result.stderr
-    assert "connector=TCPConnector" in result.stdout
-    assert QUEUE_METRIC not in result.stdout
-
-
-def test_opentelemetry_instrument_with_sdk_disabled_builds_plain_connectors() -> None:
-    """``OTEL_SDK_DISABLED=true`` turns the timed connector off as well."""
-    result = run_instrumented(OTEL_SDK_DISABLED="true")
+@pytest.mark.parametrize(
+    "setting",
+    [
+        # The standard switch for one instrumentation: aiohttp is left untouched.
+        {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "nemo_gym"},
+        # Nothing is exported, so there is nothing to time.
+        {"OTEL_METRICS_EXPORTER": "none"},
+        {"OTEL_SDK_DISABLED": "true"},
+    ],
+    ids=["disabled-instrumentation", "metrics-exporter-none", "sdk-disabled"],
+)
+def test_opentelemetry_instrument_without_export_builds_plain_connectors(
+    setting: dict[str, str],
+) -> None:
+    """Disabled, or exporting nowhere: connectors stay plain and no queue metric appears."""
+    result = run_instrumented(**setting)
     assert result.returncode == 0, result.stderr
     assert "connector=TCPConnector" in result.stdout
     assert QUEUE_METRIC not in result.stdout
