@@ -11,7 +11,7 @@ Exec spans record the return code and never the command text.
 ``set_auto_trace(True)`` applies the same tracing to the bundled provider classes, so plain
 ``ProcessSandboxProvider()`` objects are traced without wrapping; ``sandbox_scope(handle)``
 marks user code as running for a sandbox, and ``SandboxSpanProcessor`` copies the identity
-onto every span started inside such a scope.
+onto every span started inside such a scope (both live in ``_scope`` and are exported here).
 
 Telemetry never changes a provider's behaviour: its results and exceptions pass through
 unchanged, failures of ours are logged once and swallowed, cancellation propagates.
@@ -23,20 +23,29 @@ import importlib
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import wrapt
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import unwrap
-from opentelemetry.sdk.trace import Span, SpanProcessor
 
 from opentelemetry.instrumentation.nemo_gym import _exporting
+from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
+    _SANDBOXES,
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    SandboxSpanProcessor,
+    _key,
+    _provider_name,
+    _Sandbox,
+    install_span_processor,
+    sandbox_identity,
+    sandbox_scope,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxExecResult,
     SandboxHandle,
@@ -69,122 +78,16 @@ __all__ = [
 LOGGER = logging.getLogger(__name__)
 
 _SCOPE = "opentelemetry.instrumentation.nemo_gym"
-REQUEST_ID = PREFIX + "request.id"
-PROVIDER = PREFIX + "provider"
-SANDBOX_ID = PREFIX + "id"
 EXEC_RETURN_CODE = PREFIX + "exec.return_code"
 EXEC_ERROR_TYPE = PREFIX + "exec.error_type"
 
 _T = TypeVar("_T")
 
 
-@dataclass
-class _Sandbox:
-    """What tracing remembers about a sandbox between its create and its close."""
-
-    identity: dict[str, Attribute]
-    provider_id: int
-    sampler: ResourceSampler | None = None
-
-
-# Sandboxes created through a traced provider, keyed by (provider name, sandbox id).
-_SANDBOXES: dict[tuple[str, str], _Sandbox] = {}
-
-# The identity of the sandbox whose user code is running; read by SandboxSpanProcessor.
-_SCOPE_IDENTITY: ContextVar[Mapping[str, Attribute] | None] = ContextVar(
-    "nemo_gym_sandbox_scope", default=None
-)
-
 # The provider object whose call is being traced right now. A call into the same object
 # while it is set (a traced_provider() wrapper around an auto-traced class) passes straight
 # through, so one call never makes two spans.
 _TRACING: ContextVar[int | None] = ContextVar("nemo_gym_sandbox_tracing", default=None)
-
-
-def _key(handle: SandboxHandle) -> tuple[str, str]:
-    return (str(getattr(handle, "provider_name", "")), str(getattr(handle, "sandbox_id", "")))
-
-
-def _provider_name(provider: object) -> str:
-    name = getattr(provider, "name", None)
-    return name if isinstance(name, str) and name else type(provider).__name__
-
-
-def sandbox_identity(handle: SandboxHandle) -> dict[str, Attribute]:
-    """The identity attributes of ``handle``'s sandbox.
-
-    ``request.id``, ``provider`` and ``id`` for a sandbox created through a traced provider in
-    this process; ``provider`` and ``id`` alone for any other handle (a borrowed one, say).
-    """
-    entry = _SANDBOXES.get(_key(handle))
-    if entry is not None:
-        return dict(entry.identity)
-    provider_name, sandbox_id = _key(handle)
-    return {PROVIDER: provider_name, SANDBOX_ID: sandbox_id}
-
-
-@contextmanager
-def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
-    """Mark the code inside the ``with`` block as running for ``handle``'s sandbox.
-
-    Spans started inside the block (in this task or thread, and in tasks it creates) get the
-    sandbox's identity attributes from ``SandboxSpanProcessor``. Scopes nest; the innermost
-    wins.
-    """
-    token = _SCOPE_IDENTITY.set(sandbox_identity(handle))
-    try:
-        yield
-    finally:
-        _SCOPE_IDENTITY.reset(token)
-
-
-class SandboxSpanProcessor(SpanProcessor):
-    """Copies the current sandbox scope's identity attributes onto every span it starts.
-
-    Attributes a span already has are left as they are. It exports nothing, so it does not
-    count as a destination for ``sampling_interval()``. The SDK cannot remove a processor, so
-    ``disable()`` turns this one into a no-op instead.
-    """
-
-    def __init__(self) -> None:
-        self.enabled = True
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if not self.enabled:
-            return
-        identity = _SCOPE_IDENTITY.get()
-        if not identity:
-            return
-        try:
-            present = span.attributes or {}
-            span.set_attributes({k: v for k, v in identity.items() if k not in present})
-        except Exception as exc:  # noqa: BLE001 - a processor must never raise into the SDK
-            _log_once(("processor", type(exc).__name__), "sandbox span stamping failed: %r", exc)
-
-    def disable(self) -> None:
-        """Stop stamping spans; the processor stays registered as a no-op."""
-        self.enabled = False
-
-
-def install_span_processor(
-    tracer_provider: trace.TracerProvider | None = None,
-) -> SandboxSpanProcessor | None:
-    """Add a new ``SandboxSpanProcessor`` to ``tracer_provider`` (default: the global one).
-
-    Returns the processor, to be ``disable()``-d later; returns ``None`` (logged at debug
-    level) for a provider without ``add_span_processor``, such as the API's proxy.
-    """
-    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-    add = getattr(provider, "add_span_processor", None)
-    if not callable(add):
-        LOGGER.debug(
-            "tracer provider %s cannot take span processors; sandbox spans are not stamped",
-            type(provider).__name__,
-        )
-        return None
-    processor = SandboxSpanProcessor()
-    add(processor)
-    return processor
 
 
 def _tracer() -> trace.Tracer:
