@@ -79,7 +79,8 @@ def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open, or between the open and the read (ESRCH).
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
 
