@@ -59,14 +59,14 @@ async def send(
     session: aiohttp.ClientSession,
     url: str,
     server_name: str,
-    timeout: aiohttp.ClientTimeout | None = None,
+    client_timeout: aiohttp.ClientTimeout | None = None,
 ) -> bool:
     """One logical request to a named destination; False when it timed out in the queue."""
     token = set_server_name(server_name)
     try:
-        async with session.get(url, timeout=timeout) as response:
+        async with session.get(url, timeout=client_timeout) as response:
             await response.read()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     else:
         return True

@@ -117,9 +117,9 @@ async def _wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> 
 
 
 async def _fetch(
-    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout | None = None
+    session: aiohttp.ClientSession, url: str, client_timeout: aiohttp.ClientTimeout | None = None
 ) -> str:
-    kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    kwargs: dict[str, Any] = {} if client_timeout is None else {"timeout": client_timeout}
     async with session.get(url, **kwargs) as response:
         return await response.text()
 

@@ -140,7 +140,7 @@ async def _workload() -> dict[str, Any]:
                 abandoned = False
                 try:
                     await session.get(url_a, timeout=aiohttp.ClientTimeout(total=0.2))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     abandoned = True
                 response = await slow
                 await response.read()

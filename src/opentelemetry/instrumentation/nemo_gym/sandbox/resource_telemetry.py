@@ -247,7 +247,7 @@ def _discard_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _bounded(call: Awaitable[_T], timeout: float) -> _T:
+async def _bounded(call: Awaitable[_T], timeout: float) -> _T:  # noqa: ASYNC109 - wraps wait_for
     """Await a provider call for at most ``timeout`` seconds.
 
     ``asyncio.wait_for`` waits for the cancelled call to finish, so a provider that swallows

@@ -345,7 +345,7 @@ def _bundled_classes() -> list[type]:
         try:
             module = importlib.import_module(module_name)
             classes.append(getattr(module, class_name))
-        except (ImportError, AttributeError) as exc:  # noqa: PERF203 - runs once per instrument()
+        except (ImportError, AttributeError) as exc:
             LOGGER.debug("not auto-tracing %s.%s: %r", module_name, class_name, exc)
     return classes
 

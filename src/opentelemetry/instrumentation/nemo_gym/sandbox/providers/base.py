@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-class SandboxStatus(str, Enum):
+class SandboxStatus(str, Enum):  # noqa: UP042 - nemo_gym's shape: str(status) as theirs
     """Provider-neutral sandbox lifecycle status."""
 
     STARTING = "starting"
