@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from opentelemetry.instrumentation.nemo_gym import _settings
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     connection_pool_capacity,
@@ -37,7 +38,7 @@ _MISSING = object()
 _original_new: object = _MISSING
 _patched = False
 _lock = threading.Lock()
-_failure_logged = False
+_ONCE = OnceLog(logger)
 
 
 class _ConnectorConfig:
@@ -92,14 +93,13 @@ def report_connector_capacity(kwargs: dict[str, Any]) -> None:
 
 
 def _log_failure_once(error: Exception) -> None:
-    global _failure_logged
-    if not _failure_logged:
-        _failure_logged = True
-        logger.warning(
-            "nemo_gym connection-pool instrumentation failed while choosing a connector; "
-            "using a plain aiohttp.TCPConnector",
-            exc_info=error,
-        )
+    _ONCE(
+        "choosing-connector",
+        logging.WARNING,
+        "nemo_gym connection-pool instrumentation failed while choosing a connector; "
+        "using a plain aiohttp.TCPConnector",
+        exc_info=error,
+    )
 
 
 def _plain_new(cls: type[aiohttp.TCPConnector], *args: Any, **kwargs: Any) -> Any:

@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 
 logger = logging.getLogger(__name__)
 
-_WARNED: set[tuple[str, str]] = set()
-_WARNED_LOCK = threading.Lock()
+_ONCE = OnceLog(logger)
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 
 
 def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
-    with _WARNED_LOCK:
-        if (name, raw) in _WARNED:
-            return
-        _WARNED.add((name, raw))
-    logger.warning("%s=%r is not %s; using the default %r", name, raw, expected, default)
+    _ONCE(
+        (name, raw),
+        logging.WARNING,
+        "%s=%r is not %s; using the default %r",
+        name,
+        raw,
+        expected,
+        default,
+    )
 
 
 def read_bool(name: str, default: bool) -> bool:

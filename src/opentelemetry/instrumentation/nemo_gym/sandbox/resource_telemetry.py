@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 from opentelemetry import context, trace
 
 from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ComponentAllocation,
@@ -205,16 +206,12 @@ def _sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
 
 # --- the edge: records as spans, and the sampler -------------------------------------------
 
-_LOGGED: set[tuple[str, ...]] = set()
+_FAILURES = OnceLog(LOGGER, repeats_at_debug=True)
 
 
 def _log_once(key: tuple[str, ...], message: str, *args: object) -> None:
     """Log a telemetry failure at warning level the first time ``key`` is seen, then at debug."""
-    if key in _LOGGED:
-        LOGGER.debug(message, *args)
-        return
-    _LOGGED.add(key)
-    LOGGER.warning(message, *args)
+    _FAILURES(key, logging.WARNING, message, *args)
 
 
 def sampling_interval() -> float:

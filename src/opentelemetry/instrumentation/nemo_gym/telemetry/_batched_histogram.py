@@ -31,6 +31,8 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import Histogram
 from opentelemetry.util.types import Attributes
 
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 128
@@ -50,7 +52,7 @@ class BatchedHistogram(Histogram):
         self._histogram = histogram
         self._batch_size = batch_size
         self._pending: deque[tuple[float, Attributes, Context]] = deque()
-        self._failure_logged = False
+        self._failures = OnceLog(logger)
 
     @property
     def wrapped(self) -> Histogram:
@@ -92,7 +94,9 @@ class BatchedHistogram(Histogram):
                 self._log_failure_once(error)
 
     def _log_failure_once(self, error: Exception) -> None:
-        if self._failure_logged:
-            return
-        self._failure_logged = True
-        logger.debug("recording a batched histogram sample failed; carrying on", exc_info=error)
+        self._failures(
+            "record",
+            logging.DEBUG,
+            "recording a batched histogram sample failed; carrying on",
+            exc_info=error,
+        )

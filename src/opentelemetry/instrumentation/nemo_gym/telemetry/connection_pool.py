@@ -28,6 +28,7 @@ from aiohttp.tracing import Trace
 from opentelemetry.metrics import Histogram
 
 from opentelemetry.instrumentation.nemo_gym import _aiohttp_compat, _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 
 # The documented names live in the pure-arithmetic module; they are re-exported here, where
 # page 004 documents them (the redundant aliases mark the private ones as re-exports).
@@ -84,13 +85,11 @@ _OTHER = "other"
 _SEEN_LABELS: set[str] = set()
 _LABELS_LOCK = threading.Lock()
 _label_cap: int | None = None
-_label_cap_warned = False
 # Attribute dictionaries per (constraint, outcome, label), built once and never mutated, so a
 # queue sample costs a dictionary lookup rather than a dictionary build. Keys are admitted
 # labels only, which bounds it at 3 x 2 x (cap + 1) entries.
 _WAIT_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {}
-_failure_logged = False
-_no_hook_warned = False
+_ONCE = OnceLog(logger)
 
 _PORT_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 
@@ -116,7 +115,7 @@ def _bounded_label(label: str) -> str:
     """Return ``label`` while under the distinct-label cap, else ``other`` (warning once)."""
     if label in _SEEN_LABELS:
         return label
-    global _label_cap, _label_cap_warned
+    global _label_cap
     with _LABELS_LOCK:
         if label in _SEEN_LABELS:
             return label
@@ -125,26 +124,27 @@ def _bounded_label(label: str) -> str:
         if len(_SEEN_LABELS) < _label_cap:
             _SEEN_LABELS.add(label)
             return label
-        warn = not _label_cap_warned
-        _label_cap_warned = True
-    if warn:
-        logger.warning(
-            "more than %d distinct destination names (set_server_name); %r and later new "
-            "names are recorded as %r. Raise OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES if these "
-            "names are bounded.",
-            _label_cap,
-            label,
-            _OTHER,
-        )
+    _ONCE(
+        "label-cap",
+        logging.WARNING,
+        "more than %d distinct destination names (set_server_name); %r and later new "
+        "names are recorded as %r. Raise OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES if these "
+        "names are bounded.",
+        _label_cap,
+        label,
+        _OTHER,
+    )
     return _OTHER
 
 
 def _log_failure_once(what: str, error: Exception) -> None:
-    global _failure_logged
-    if _failure_logged:
-        return
-    _failure_logged = True
-    logger.debug("connection-pool telemetry failed while %s; carrying on", what, exc_info=error)
+    _ONCE(
+        "failure",
+        logging.DEBUG,
+        "connection-pool telemetry failed while %s; carrying on",
+        what,
+        exc_info=error,
+    )
 
 
 def _connect_count_snapshot() -> dict[str, int]:
@@ -249,11 +249,9 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
 
 
 def _warn_no_hook_once() -> None:
-    global _no_hook_warned
-    if _no_hook_warned:
-        return
-    _no_hook_warned = True
-    logger.warning(
+    _ONCE(
+        "no-hook",
+        logging.WARNING,
         "aiohttp %s has no TCPConnector._wait_for_available_connection (added in 3.10.11); "
         "connects are counted but queue waits are not timed",
         aiohttp.__version__,
@@ -337,15 +335,13 @@ def report_connection_pool_capacity(
 
 def _reset_for_tests() -> None:
     """Forget connect counts, admitted labels, reported capacities and once-only flags."""
-    global _label_cap, _label_cap_warned, _failure_logged, _no_hook_warned
+    global _label_cap
     with _CONNECT_COUNTS_LOCK:
         _CONNECT_COUNTS.clear()
     with _LABELS_LOCK:
         _SEEN_LABELS.clear()
         _WAIT_ATTRIBUTES.clear()
         _label_cap = None
-        _label_cap_warned = False
     with _REPORTED_CAPACITIES_LOCK:
         _REPORTED_CAPACITIES.clear()
-    _failure_logged = False
-    _no_hook_warned = False
+    _ONCE.reset()
