@@ -227,6 +227,19 @@ def test_sample_from_stats_absent_fields() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
+async def test_docker_provider_refuses_bad_timeouts(bad: object) -> None:
+    """Timeouts must be finite positive seconds, in the constructor and in exec, as in the
+    process provider; the check comes before any engine call."""
+    with pytest.raises(ValueError, match="api_timeout_s="):
+        DockerSandboxProvider("unix:///nonexistent.sock", api_timeout_s=bad)  # type: ignore[arg-type]
+    docker = DockerSandboxProvider("unix:///nonexistent.sock")
+    handle = SandboxHandle(sandbox_id="never-created", provider_name="docker", raw=None)
+    with pytest.raises(ValueError, match="timeout_s="):
+        await docker.exec(handle, "true", timeout_s=bad)  # type: ignore[arg-type]
+    await docker.aclose()
+
+
 async def test_docker_provider_allocation_matches_engine(provider: DockerSandboxProvider) -> None:
     """The allocation is the container's HostConfig as the engine reports it, scoped by the
     daemon's identity and placed on the daemon's host."""

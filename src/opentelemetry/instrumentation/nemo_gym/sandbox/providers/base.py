@@ -55,6 +55,21 @@ def _checked_quantity(name: str, value: object, kind: type[int] | type[float]) -
     return float(value)
 
 
+def _positive_seconds(name: str, value: object) -> float | None:
+    """``value`` as seconds: ``None`` stays ``None``; anything but a finite positive number
+    raises ``ValueError`` naming ``name``. Shared by the providers' timeouts."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds or None")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class SandboxResourceAmounts:
     """Resource quantities shared by requests, limits and allocations; ``None`` is unknown.

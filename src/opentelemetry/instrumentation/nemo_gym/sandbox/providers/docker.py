@@ -39,6 +39,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxResources,
     SandboxSpec,
     SandboxStatus,
+    _positive_seconds,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     Attribute,
@@ -113,8 +114,7 @@ class DockerSandboxProvider:
             ("ready_timeout_s", ready_timeout_s),
             ("exec_timeout_s", exec_timeout_s),
         ):
-            if not value > 0:
-                raise ValueError(f"DockerSandboxProvider {field}={value!r} must be positive")
+            _positive_seconds(field, value)
         host = docker_host if docker_host is not None else os.environ.get("DOCKER_HOST")
         self._api = EngineClient(socket_path(host), api_timeout_s)
         self._ready_timeout_s = ready_timeout_s
@@ -238,8 +238,9 @@ class DockerSandboxProvider:
         When ``timeout_s`` (default ``exec_timeout_s``) passes first, the command and its
         descendants are killed and the result has return code ``TIMEOUT_RETURN_CODE`` with
         ``error_type="timeout"`` and the output so far. Engine errors raise
-        ``DockerEngineError``.
+        ``DockerEngineError``; a ``timeout_s`` that is not a positive number, ``ValueError``.
         """
+        limit = _positive_seconds("timeout_s", timeout_s) or self._exec_timeout_s
         container = self._container(handle)
         config: dict[str, Any] = {
             "Cmd": ["/bin/sh", "-c", _EXEC_WRAPPER, "sh", command],
@@ -257,7 +258,6 @@ class DockerSandboxProvider:
             (await self._api.json("POST", f"/containers/{container.id}/exec", body=config))["Id"]
         )
         frames = FrameDecoder()
-        limit = float(timeout_s) if timeout_s is not None else self._exec_timeout_s
         try:
             await asyncio.wait_for(self._api.exec_output(exec_id, frames), limit)
         except TimeoutError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import shutil
 import signal
@@ -38,6 +37,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxSpec,
     SandboxStatus,
+    _positive_seconds,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
@@ -136,19 +136,6 @@ def _inside(state: _Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
     if not resolved.is_relative_to(state.root):
         raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
     return resolved
-
-
-def _timeout(value: object) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"timeout_s={value!r} must be a positive number of seconds or None")
-    return float(value)
 
 
 def _kill_group(pgid: int) -> None:
@@ -313,7 +300,7 @@ class ProcessSandboxProvider:
             raise ValueError("command must be a string without NUL characters")
         if user is not None:
             raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
-        timeout = _timeout(timeout_s)
+        timeout = _positive_seconds("timeout_s", timeout_s)
         directory = state.workdir if cwd is None else _inside(state, "cwd", cwd)
         command_env = {**state.env, **_check_env("env", env)}
         if state.cgroup is None:
