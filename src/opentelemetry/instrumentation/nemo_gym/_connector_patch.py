@@ -24,6 +24,7 @@ import aiohttp
 
 from opentelemetry.instrumentation.nemo_gym import _settings
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import _PoolConfig
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     connection_pool_capacity,
@@ -39,30 +40,6 @@ _original_new: object = _MISSING
 _patched = False
 _lock = threading.Lock()
 _ONCE = OnceLog(logger)
-
-
-class _ConnectorConfig:
-    """One connector's limits as a process-group budget, for the capacity report.
-
-    A connector's ``limit`` is what *this* process may use; the capacity report takes budgets
-    for the whole process group and divides them across ``workers``. Multiplying back keeps the
-    division exact, while intended demand stays what the operator configured for the group.
-    """
-
-    __slots__ = (
-        "global_aiohttp_connector_limit",
-        "global_aiohttp_connector_limit_per_host",
-        "global_aiohttp_intended_concurrency",
-        "global_aiohttp_intended_concurrency_per_host",
-    )
-
-    def __init__(self, limit: int, limit_per_host: int, workers: int) -> None:
-        self.global_aiohttp_connector_limit = limit * workers
-        self.global_aiohttp_connector_limit_per_host = limit_per_host * workers
-        self.global_aiohttp_intended_concurrency = _settings.intended_concurrency()
-        self.global_aiohttp_intended_concurrency_per_host = (
-            _settings.intended_concurrency_per_host()
-        )
 
 
 def _keyword_default(name: str, fallback: int) -> int:
@@ -88,7 +65,15 @@ def report_connector_capacity(kwargs: dict[str, Any]) -> None:
     if not isinstance(limit, int) or not isinstance(limit_per_host, int):
         return
     workers = _settings.workers()
-    cfg = _ConnectorConfig(limit, limit_per_host, workers)
+    # A connector's limit is what *this* process may use; the report takes budgets for the
+    # whole process group and divides them across workers. Multiplying back keeps that
+    # division exact, while intended demand stays what the operator set for the group.
+    cfg = _PoolConfig(
+        global_aiohttp_connector_limit=limit * workers,
+        global_aiohttp_connector_limit_per_host=limit_per_host * workers,
+        global_aiohttp_intended_concurrency=_settings.intended_concurrency(),
+        global_aiohttp_intended_concurrency_per_host=_settings.intended_concurrency_per_host(),
+    )
     report_connection_pool_capacity(cfg, connection_pool_capacity(cfg, workers))
 
 

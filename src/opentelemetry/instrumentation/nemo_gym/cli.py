@@ -13,27 +13,19 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import NoReturn
 
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
-from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import capacity_warnings
+from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
+    _PoolConfig,
+    capacity_warnings,
+)
 
 EXIT_SAFE = 0
 EXIT_UNSAFE = 1
 EXIT_BAD_INPUT = 2
 
 _PROG = "nemo-gym-otel"
-
-
-@dataclass
-class _CliPoolConfig:
-    """A ``ConnectionPoolConfig`` built from command-line flags."""
-
-    global_aiohttp_connector_limit: int
-    global_aiohttp_connector_limit_per_host: int
-    global_aiohttp_intended_concurrency: int | None
-    global_aiohttp_intended_concurrency_per_host: int | None
 
 
 class _UsageError(Exception):
@@ -96,7 +88,7 @@ def _quiet_unconfigured_logging() -> Iterator[None]:
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    cfg = _CliPoolConfig(
+    cfg = _PoolConfig(
         global_aiohttp_connector_limit=args.limit,
         global_aiohttp_connector_limit_per_host=args.limit_per_host,
         global_aiohttp_intended_concurrency=args.intended,

@@ -7,6 +7,7 @@ owns the reporting.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 
@@ -18,6 +19,17 @@ class ConnectionPoolConfig(Protocol):
     optional expected outbound demand for that same group; ``None`` disables the
     corresponding sizing check.
     """
+
+    global_aiohttp_connector_limit: int
+    global_aiohttp_connector_limit_per_host: int
+    global_aiohttp_intended_concurrency: int | None
+    global_aiohttp_intended_concurrency_per_host: int | None
+
+
+@dataclass  # not frozen: the protocol's members are plain (settable) attributes
+class _PoolConfig:
+    """A concrete ``ConnectionPoolConfig``: the command line's flags, or one connector's
+    limits scaled to its process group by the instrumentor."""
 
     global_aiohttp_connector_limit: int
     global_aiohttp_connector_limit_per_host: int
