@@ -29,7 +29,7 @@ alone. ``uninstrument()`` restores construction exactly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -39,16 +39,14 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 
 from opentelemetry.instrumentation.nemo_gym import _settings
 from opentelemetry.instrumentation.nemo_gym._connector_patch import (
-    patch_tcp_connector,
-    unpatch_tcp_connector,
+    TCPConnectorPatch,
+    capacity_reporter,
 )
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as sandbox_tracing
-from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
-    bind_instruments,
-    instruments_for,
-)
+from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as _sandbox_tracing
+from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool as _connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = ["NemoGymInstrumentor", "__version__"]
@@ -56,24 +54,59 @@ __all__ = ["NemoGymInstrumentor", "__version__"]
 logger = logging.getLogger(__name__)
 
 
+def _capability_flag(
+    kwargs: dict[str, Any], name: str, from_environment: Callable[[], bool]
+) -> bool:
+    """``instrument(name=...)``: a bool, a boolean string, or ``None`` for the environment.
+
+    Anything else is a mistake that must not silently turn telemetry on: it is logged with the
+    value and the environment's setting is used.
+    """
+    value = kwargs.get(name)
+    if value is None:
+        return from_environment()
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        parsed = _settings.parse_bool(value)
+        if parsed is not None:
+            return parsed
+    default = from_environment()
+    logger.warning(
+        "nemo_gym: instrument(%s=%r) is not a boolean (True/False, or 'true'/'false'); "
+        "using %s from the environment",
+        name,
+        value,
+        default,
+    )
+    return default
+
+
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Instrument aiohttp connection pools and sandbox providers for OpenTelemetry.
 
     ``instrument()`` never raises: ``opentelemetry-instrument`` skips every later
     instrumentor after one that does, so a failure here is logged and the rest carries on.
+    The state of each capability (its telemetry, its patch) belongs to this object from
+    ``instrument()`` to ``uninstrument()``.
     """
+
+    _pool_patch: TCPConnectorPatch | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        connection_pool = kwargs.get("connection_pool")
-        if connection_pool is None:
-            connection_pool = _settings.connection_pool_enabled()
-        sandbox_resources = kwargs.get("sandbox_resources")
-        if sandbox_resources is None:
-            sandbox_resources = _settings.sandbox_resources_enabled()
-
+        try:
+            connection_pool = _capability_flag(
+                kwargs, "connection_pool", _settings.connection_pool_enabled
+            )
+            sandbox_resources = _capability_flag(
+                kwargs, "sandbox_resources", _settings.sandbox_resources_enabled
+            )
+        except Exception:
+            logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
+            return
         if connection_pool:
             try:
                 self._instrument_connection_pool(kwargs.get("meter_provider"))
@@ -85,40 +118,64 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
 
-    @staticmethod
-    def _instrument_connection_pool(meter_provider: metrics.MeterProvider | None) -> None:
-        if meter_provider is not None:
-            # Instruments are made here, once per instrument(), never per connector or session.
-            bind_instruments(instruments_for(meter_provider))
+    def _instrument_connection_pool(self, meter_provider: metrics.MeterProvider | None) -> None:
+        max_server_names = _settings.max_server_names()
+        semconv_mode = _settings.semconv_http_mode()
 
-            def should_time() -> bool:
-                return metrics_exported(meter_provider)
+        def telemetry_of(provider: metrics.MeterProvider) -> PoolTelemetry:
+            return PoolTelemetry.of(
+                provider,
+                version=__version__,
+                max_server_names=max_server_names,
+                semconv_mode=semconv_mode,
+            )
+
+        if meter_provider is not None:
+            # Made here, once per instrument(), never per connector or session.
+            explicit = telemetry_of(meter_provider)
+
+            def current() -> PoolTelemetry | None:
+                return explicit
+
+            def choose() -> PoolTelemetry | None:
+                return explicit if metrics_exported(meter_provider) else None
 
         else:
-            # The global provider may be set after instrument() (or replaced in tests), so it
-            # is resolved per construction; instruments_for() makes instruments once per
-            # provider, and a dictionary hit afterwards.
-            def should_time() -> bool:
-                provider = metrics.get_meter_provider()
-                if not metrics_exported(provider):
-                    return False
-                bind_instruments(instruments_for(provider))
-                return True
+            # The global provider may be set after instrument(), so it is resolved per
+            # construction; PoolTelemetry.of makes its instruments once per provider.
+            def current() -> PoolTelemetry | None:
+                return telemetry_of(metrics.get_meter_provider())
 
-        patch_tcp_connector(should_time)
+            def choose() -> PoolTelemetry | None:
+                provider = metrics.get_meter_provider()
+                return telemetry_of(provider) if metrics_exported(provider) else None
+
+        patch = TCPConnectorPatch(
+            choose,
+            capacity_reporter(
+                _settings.workers(),
+                _settings.intended_concurrency(),
+                _settings.intended_concurrency_per_host(),
+            ),
+        )
+        patch.install()
+        self._pool_patch = patch
+        _connection_pool._instrumented_telemetry = current
 
     @staticmethod
     def _instrument_sandbox(tracer_provider: trace.TracerProvider | None) -> None:
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        sandbox_tracing.enable(provider)
+        _sandbox_tracing.enable(provider)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         try:
-            unpatch_tcp_connector()
-            bind_instruments(None)
+            if self._pool_patch is not None:
+                self._pool_patch.uninstall()
+                self._pool_patch = None
+            _connection_pool._instrumented_telemetry = None
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
         try:
-            sandbox_tracing.disable()
+            _sandbox_tracing.disable()
         except Exception:
             logger.exception("nemo_gym: disabling sandbox instrumentation failed")

@@ -1,78 +1,30 @@
 """The one module that reads aiohttp's private connector state.
 
-aiohttp exposes no public question for "which limit is making this request wait?" or "is
-anyone still queued?", so the answers come from ``BaseConnector``'s private attributes
-(``_limit``, ``_limit_per_host``, ``_acquired``, ``_acquired_per_host``, ``_waiters``). They
-have changed shape across 3.x releases, so every read goes through ``getattr`` with a default
-and a type check: when aiohttp changes, these helpers answer "unknown" (or ``None``) instead
-of raising, and the telemetry degrades while the application keeps working.
+aiohttp exposes no public question for "which limit is making this request wait?", "how many
+connections are idle?" or "who is queued?", so the answers come from ``BaseConnector``'s
+private attributes (``_limit``, ``_acquired``, ``_conns``, ``_waiters``). They have changed
+shape across 3.x releases (lists became deques, dicts became defaultdicts, placeholders gained
+arguments), so every read here survives any exception: when aiohttp changes, these helpers
+answer "unknown" (or nothing) and the telemetry degrades while the application keeps working.
+``tests/test_aiohttp_compat.py`` runs them on the oldest and newest supported aiohttp.
 
-The queue timer overrides ``TCPConnector._wait_for_available_connection``, which first
-appeared in aiohttp 3.10.11 (3.10.0 to 3.10.10 waited inline in ``connect()``); that is why
-the package's aiohttp floor is 3.10.11. ``QUEUE_WAIT_HOOK_AVAILABLE`` says whether the running
-aiohttp has it.
-
-Everything here is synchronous, cheap, never blocks and never raises.
+Everything here is synchronous, never blocks and never raises. ``pool_state`` may run on an
+exporter's thread while the event loop changes the connector: it copies each container in
+one C-level call (atomic under the GIL) before looking inside.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sized
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
-
-import aiohttp
 
 CONSTRAINT_TOTAL: Final = "total"
 CONSTRAINT_PER_HOST: Final = "per_host"
 CONSTRAINT_UNKNOWN: Final = "unknown"
 
-
-def has_queue_wait_hook(connector_class: type[Any] = aiohttp.TCPConnector) -> bool:
-    """Whether ``connector_class`` has the ``_wait_for_available_connection`` coroutine hook."""
-    return callable(getattr(connector_class, "_wait_for_available_connection", None))
-
-
-QUEUE_WAIT_HOOK_AVAILABLE: Final = has_queue_wait_hook()
-
-
-def _int_attribute(obj: object, name: str) -> int | None:
-    value = getattr(obj, name, None)
-    # Exactly int: a bool (an int subclass) where a limit belongs means the shape changed.
-    return value if type(value) is int else None
-
-
-def total_limit(connector: object) -> int | None:
-    """The connector's total connection limit (0 means unlimited); ``None`` if unreadable."""
-    return _int_attribute(connector, "_limit")
-
-
-def per_host_limit(connector: object) -> int | None:
-    """The connector's per-host connection limit (0 means unlimited); ``None`` if unreadable."""
-    return _int_attribute(connector, "_limit_per_host")
-
-
-def acquired_total(connector: object) -> int | None:
-    """How many connections the connector has handed out right now; ``None`` if unreadable."""
-    acquired = getattr(connector, "_acquired", None)
-    # len() under try rather than isinstance(..., Sized): an ABC check costs more than the
-    # rest of a queue sample, and this runs once per queued wait.
-    try:
-        return len(acquired)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def waiter_count(connector: object) -> int | None:
-    """How many acquisitions are queued on the connector, all keys; ``None`` if unreadable."""
-    waiters = getattr(connector, "_waiters", None)
-    if not isinstance(waiters, Mapping):
-        return None
-    count = 0
-    for keyed in waiters.values():
-        if not isinstance(keyed, Sized):
-            return None
-        count += len(keyed)
-    return count
+# (server.address, server.port, url.scheme) of a pool key.
+Destination = tuple[str, int, str]
 
 
 def queue_constraint(connector: object) -> str:
@@ -80,17 +32,76 @@ def queue_constraint(connector: object) -> str:
 
     aiohttp only waits when no slot is free, so when the total limit is finite and exhausted
     the total limit is binding; otherwise it must be the per-host limit. ``unknown`` means the
-    connector's limits could not be read.
+    connector could not be read, whatever went wrong while reading it.
     """
-    # Written out rather than through total_limit()/acquired_total(): this runs once per
-    # queued wait, on aiohttp's request path, where each extra call is measurable.
-    limit = getattr(connector, "_limit", None)
-    if type(limit) is not int or limit < 0:
-        return CONSTRAINT_UNKNOWN
-    if limit == 0:
-        return CONSTRAINT_PER_HOST
     try:
-        acquired = len(getattr(connector, "_acquired", None))  # type: ignore[arg-type]
-    except TypeError:
+        limit = connector._limit  # type: ignore[attr-defined]
+        if type(limit) is not int or limit < 0:
+            return CONSTRAINT_UNKNOWN
+        if limit == 0:
+            return CONSTRAINT_PER_HOST
+        return CONSTRAINT_TOTAL if len(connector._acquired) >= limit else CONSTRAINT_PER_HOST  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - any surprise in aiohttp's internals means "unknown"
         return CONSTRAINT_UNKNOWN
-    return CONSTRAINT_TOTAL if acquired >= limit else CONSTRAINT_PER_HOST
+
+
+def destination(key: Any) -> Destination | None:
+    """``(server.address, server.port, url.scheme)`` of a ``ConnectionKey``; ``None`` if odd."""
+    try:
+        host = key.host
+        port = key.port
+        scheme = "https" if key.is_ssl else "http"
+    except Exception:  # noqa: BLE001 - an unreadable key has no destination
+        return None
+    if not isinstance(host, str):
+        return None
+    if type(port) is not int:
+        port = 443 if scheme == "https" else 80
+    return (host, port, scheme)
+
+
+@dataclass(slots=True)
+class PoolState:
+    """What one connector holds right now, per destination."""
+
+    active: dict[Destination, int] = field(default_factory=dict)
+    idle: dict[Destination, int] = field(default_factory=dict)
+    waiting: dict[Destination, int] = field(default_factory=dict)
+
+
+def _add(counts: dict[Destination, int], where: Destination | None, amount: int) -> None:
+    if where is not None and amount:
+        counts[where] = counts.get(where, 0) + amount
+
+
+def _items(mapping: object) -> Iterable[tuple[Any, Any]]:
+    # list(dict.items()) is one C call: no other thread runs while it copies.
+    return list(mapping.items()) if isinstance(mapping, Mapping) else ()
+
+
+def pool_state(connector: object, destinations: Mapping[object, Destination]) -> PoolState:
+    """Count ``connector``'s active, idle and waiting slots per destination.
+
+    ``destinations`` maps each connection (protocol) the connector created to its destination,
+    because aiohttp's set of handed-out connections does not say where they go. Connections
+    still being established (aiohttp's placeholders) are in no map and so are not active.
+    Never raises: a part that cannot be read is left out.
+    """
+    state = PoolState()
+    try:
+        for key, idle in _items(getattr(connector, "_conns", None)):
+            _add(state.idle, destination(key), len(idle))
+        for key, waiters in _items(getattr(connector, "_waiters", None)):
+            _add(state.waiting, destination(key), len(waiters))
+        acquired = getattr(connector, "_acquired", None)
+        for connection in list(acquired) if isinstance(acquired, set) else ():
+            try:
+                where = destinations.get(connection)
+            except TypeError:
+                # aiohttp's placeholders cannot be weakly referenced: a connection being
+                # established, which is not active yet.
+                continue
+            _add(state.active, where, 1)
+    except Exception:  # noqa: BLE001, S110 - a changed aiohttp leaves parts of the state out
+        pass
+    return state

@@ -33,18 +33,26 @@ def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
     )
 
 
-def read_bool(name: str, default: bool) -> bool:
-    """Return the boolean value of ``name``: true/false, 1/0, yes/no, on/off."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
+def parse_bool(raw: str) -> bool | None:
+    """``True`` or ``False`` for true/false, 1/0, yes/no, on/off (any case); else ``None``."""
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    _warn_once(name, raw, "a boolean (true or false)", default)
-    return default
+    return None
+
+
+def read_bool(name: str, default: bool) -> bool:
+    """Return the boolean value of ``name``: true/false, 1/0, yes/no, on/off."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    parsed = parse_bool(raw)
+    if parsed is None:
+        _warn_once(name, raw, "a boolean (true or false)", default)
+        return default
+    return parsed
 
 
 def read_int(name: str, default: int | None, *, minimum: int) -> int | None:
@@ -106,3 +114,20 @@ def intended_concurrency_per_host() -> int | None:
 def max_server_names() -> int:
     value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES, 100, minimum=1)
     return 100 if value is None else value
+
+
+_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
+
+
+def semconv_http_mode() -> str:
+    """``default``, ``http`` or ``http/dup`` from ``OTEL_SEMCONV_STABILITY_OPT_IN``.
+
+    Read as opentelemetry-python-contrib reads it: a comma-separated list in which
+    ``http/dup`` wins over ``http``; other entries (``database``, ...) are not ours to judge.
+    """
+    entries = {part.strip().lower() for part in os.environ.get(_SEMCONV_OPT_IN, "").split(",")}
+    if "http/dup" in entries:
+        return "http/dup"
+    if "http" in entries:
+        return "http"
+    return "default"

@@ -1,33 +1,39 @@
 """aiohttp connection-pool capacity diagnostics and queue-wait metrics.
 
 Two halves share this module. ``QueueTimedTCPConnector`` measures, on the event loop, how
-long requests wait for a free pool slot and counts connects per destination; it only records
-into instruments captured when it was constructed and never changes a request's result,
-timing out or cancellation. The capacity functions are plain arithmetic over a connector
-configuration, run once at start-up, that log the per-worker limits and warn when intended
-demand cannot fit.
+long requests wait for a free pool slot and counts connects per destination; it records into
+the ``PoolTelemetry`` of one meter provider (``_pool_telemetry``) and never changes a
+request's result, timing out or cancellation. The capacity functions are plain arithmetic
+over a connector configuration, run once at start-up, that log the per-worker limits and warn
+when intended demand cannot fit.
 
 Destination labels come from ``set_server_name`` and are capped at
-``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES`` distinct values per process; later names are
+``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES`` distinct values per meter provider; later names are
 recorded as ``other``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import sys
 import threading
+from collections.abc import Callable, Coroutine
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
+from aiohttp.client import ClientTimeout as _ClientTimeout
+from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ClientRequest, ConnectionKey
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
-from opentelemetry.metrics import Histogram
+from opentelemetry import metrics
+from opentelemetry.context import get_current
 
 from opentelemetry.instrumentation.nemo_gym import _aiohttp_compat, _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import destination
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 
 # The documented names live in the pure-arithmetic module; they are re-exported here, where
@@ -45,14 +51,11 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     _effective_per_host_limit as _effective_per_host_limit,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
-    ATTR_QUEUE_CONSTRAINT,
-    ATTR_QUEUE_OUTCOME,
-    ATTR_SERVER_NAME,
-    OUTCOME_ABANDONED,
-    OUTCOME_OK,
-    active_instruments,
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
+    ConnectorCounts,
+    PoolTelemetry,
 )
+from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = [
     "ConnectionPoolCapacity",
@@ -67,31 +70,23 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Connect counts per bounded destination label, read by the observable counter's callback.
-# Guarded by _CONNECT_COUNTS_LOCK because collection may run on the exporter's thread.
-_CONNECT_COUNTS: dict[str, int] = {}
-_CONNECT_COUNTS_LOCK = threading.Lock()
-# (workers, limit, limit_per_host, intended, intended_per_host) already reported.
-_REPORTED_CAPACITIES: set[tuple[object, ...]] = set()
-_REPORTED_CAPACITIES_LOCK = threading.Lock()
 _SERVER_NAME: contextvars.ContextVar[str] = contextvars.ContextVar(
     "nemo_gym_http_server_name", default="external"
 )
 
-_OTHER = "other"
-# Labels admitted under the cap. Only ever grows (to at most the cap) under _LABELS_LOCK, so
-# the lock-free membership test on the hot path is safe: a stale "absent" only means taking
-# the slow path once more.
-_SEEN_LABELS: set[str] = set()
-_LABELS_LOCK = threading.Lock()
-_label_cap: int | None = None
-# Attribute dictionaries per (constraint, outcome, label), built once and never mutated, so a
-# queue sample costs a dictionary lookup rather than a dictionary build. Keys are admitted
-# labels only, which bounds it at 3 x 2 x (cap + 1) entries.
-_WAIT_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {}
-_ONCE = OnceLog(logger)
+# Distinct configurations report_connection_pool_capacity() remembers (and so logs) per
+# process: a service that builds connectors with ever-new limits must not log forever.
+_MAX_REPORTED_CAPACITIES: Final = 256
+_REPORTED_CAPACITIES: set[tuple[object, ...]] = set()
+_REPORTED_CAPACITIES_LOCK = threading.Lock()
 
 _PORT_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
+
+# Where connectors constructed directly (QueueTimedTCPConnector(...), or
+# build_connection_pool_connector()) record: the instrumentor's telemetry while it is
+# instrumented (it may hold an explicit meter provider), else the global meter provider's.
+# Set and cleared by NemoGymInstrumentor only.
+_instrumented_telemetry: Callable[[], PoolTelemetry | None] | None = None
 
 
 def set_server_name(server_name: str) -> contextvars.Token[str]:
@@ -111,60 +106,46 @@ def reset_server_name(token: contextvars.Token[str]) -> None:
     _SERVER_NAME.reset(token)
 
 
-def _bounded_label(label: str) -> str:
-    """Return ``label`` while under the distinct-label cap, else ``other`` (warning once)."""
-    if label in _SEEN_LABELS:
-        return label
-    global _label_cap
-    with _LABELS_LOCK:
-        if label in _SEEN_LABELS:
-            return label
-        if _label_cap is None:
-            _label_cap = _settings.max_server_names()
-        if len(_SEEN_LABELS) < _label_cap:
-            _SEEN_LABELS.add(label)
-            return label
-    _ONCE(
-        "label-cap",
-        logging.WARNING,
-        "more than %d distinct destination names (set_server_name); %r and later new "
-        "names are recorded as %r. Raise OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES if these "
-        "names are bounded.",
-        _label_cap,
-        label,
-        _OTHER,
+def global_pool_telemetry() -> PoolTelemetry:
+    """The ``PoolTelemetry`` of the current global meter provider, made on first use.
+
+    Settings come from the environment (``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES``,
+    ``OTEL_SEMCONV_STABILITY_OPT_IN``) the first time a provider is seen.
+    """
+    return PoolTelemetry.of(
+        metrics.get_meter_provider(),
+        version=__version__,
+        max_server_names=_settings.max_server_names(),
+        semconv_mode=_settings.semconv_http_mode(),
     )
-    return _OTHER
 
 
-def _log_failure_once(what: str, error: Exception) -> None:
-    _ONCE(
-        "failure",
-        logging.DEBUG,
-        "connection-pool telemetry failed while %s; carrying on",
-        what,
-        exc_info=error,
-    )
+def _telemetry_for_direct_construction() -> PoolTelemetry | None:
+    source = _instrumented_telemetry
+    if source is not None:
+        return source()
+    return global_pool_telemetry()
 
 
 def _connect_count_snapshot() -> dict[str, int]:
-    """Return a copy of the connect counts per destination label; safe from any thread."""
-    with _CONNECT_COUNTS_LOCK:
-        return dict(_CONNECT_COUNTS)
+    """Connect counts per destination label of the global meter provider's telemetry.
+
+    Safe from any thread. Connectors that record into an explicit meter provider's telemetry
+    (``instrument(meter_provider=...)``) are counted there, not here.
+    """
+    return global_pool_telemetry().connect_counts()
 
 
-def _wait_attributes(constraint: str, outcome: str, label: str) -> dict[str, str]:
-    bounded = _bounded_label(label)
-    key = (constraint, outcome, bounded)
-    attributes = _WAIT_ATTRIBUTES.get(key)
-    if attributes is None:
-        attributes = {
-            ATTR_QUEUE_CONSTRAINT: constraint,
-            ATTR_QUEUE_OUTCOME: outcome,
-            ATTR_SERVER_NAME: bounded,
-        }
-        _WAIT_ATTRIBUTES[key] = attributes
-    return attributes
+def __getattr__(name: str) -> Any:
+    # Page 004 documents module data _CONNECT_COUNTS and _CONNECT_COUNTS_LOCK. Connect counts
+    # now belong to each meter provider's telemetry (and to each connector, lock-free), so
+    # these are views of the global provider's: a snapshot dictionary and the lock that
+    # guards folding collected connectors' counts into it.
+    if name == "_CONNECT_COUNTS":
+        return _connect_count_snapshot()
+    if name == "_CONNECT_COUNTS_LOCK":
+        return global_pool_telemetry()._collect_lock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _connector_queue_constraint(connector: Any) -> str:
@@ -176,85 +157,145 @@ def _connector_queue_constraint(connector: Any) -> str:
     return _aiohttp_compat.queue_constraint(connector)
 
 
+_queue_constraint = _aiohttp_compat.queue_constraint
+
+
 class QueueTimedTCPConnector(aiohttp.TCPConnector):
     """TCPConnector that measures how long connections wait for a free pool slot.
 
     Every ``connect()`` call increments ``connect_total`` for the current destination. Each
-    queued acquisition records one ``queue_duration_ms`` sample, labelled with the limit that
-    was binding when the wait started and whether it ended ``ok`` or ``abandoned``. The wait
-    is timed by overriding aiohttp's private ``_wait_for_available_connection``;
-    ``test_queue_wait_override_matches_aiohttp_signature`` fails if aiohttp changes it.
+    queued acquisition records one ``queue_duration_ms`` sample (and/or
+    ``http.client.request.time_in_queue``, per ``OTEL_SEMCONV_STABILITY_OPT_IN``), labelled
+    with the limit that was binding when the wait started and whether it ended ``ok`` or
+    ``abandoned``. The wait is timed by overriding aiohttp's private
+    ``_wait_for_available_connection``; ``test_queue_wait_override_matches_aiohttp_signature``
+    fails if aiohttp changes it. New TCP connections are counted in ``_create_connection``.
 
-    The instruments are those active (``_instruments.active_instruments()``) at construction.
-    Use it on the event loop, like any aiohttp connector.
+    Records into the instrumentor's telemetry while instrumented, else the global meter
+    provider's. Use it on the event loop, like any aiohttp connector.
     """
+
+    _nemo_gym_pool: PoolTelemetry | None
+    _nemo_gym_counts: ConnectorCounts
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        histogram: Histogram | None
         try:
-            histogram = active_instruments().queue_duration
-        except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
-            # No instruments means no samples; the connector itself must still work.
-            _log_failure_once("creating instruments", error)
-            histogram = None
-        self._nemo_gym_queue_duration = histogram
-        if not _aiohttp_compat.QUEUE_WAIT_HOOK_AVAILABLE:
-            _warn_no_hook_once()
+            telemetry = _telemetry_for_direct_construction()
+        except Exception as error:  # noqa: BLE001 - the connector itself must still work
+            _log_setup_failure_once(error)
+            telemetry = None
+        self._nemo_gym_attach(telemetry)
 
-    async def connect(self, req: ClientRequest, *args: Any, **kwargs: Any) -> Connection:
+    def _nemo_gym_attach(self, telemetry: PoolTelemetry | None) -> None:
+        """Bind this connector to ``telemetry`` (``None``: count nothing anywhere).
+
+        Also how the instrumentor turns a just-built ``TCPConnector`` into one of these.
+        """
+        self._nemo_gym_pool = telemetry
+        self._nemo_gym_counts = (
+            telemetry.attach(self) if telemetry is not None else ConnectorCounts()
+        )
+
+    # Not ``async def``: counting needs no await, and a coroutine frame of our own around
+    # aiohttp's would cost more than everything else a connect adds. The coroutine returned
+    # is aiohttp's (or the next class's in the MRO), so ``await connector.connect(...)``
+    # behaves exactly as before, exceptions and cancellation included.
+    def connect(
+        self, req: ClientRequest, *args: Any, **kwargs: Any
+    ) -> Coroutine[Any, Any, Connection]:
         """Count the destination, then get a connection exactly as aiohttp would.
 
         Counted first so that failed, timed-out and cancelled connects are counted too.
+        Returns the awaitable of the next ``connect`` in the MRO.
         """
-        # The counting is written out, not delegated: this runs for every request, inside
-        # aiohttp's request path, where every extra call shows in benchmarks/pool_overhead.py.
         try:
             label = _SERVER_NAME.get()
-            if label not in _SEEN_LABELS:
-                label = _bounded_label(label)
-            with _CONNECT_COUNTS_LOCK:
-                _CONNECT_COUNTS[label] = _CONNECT_COUNTS.get(label, 0) + 1
+            connects = self._nemo_gym_counts.connects
+            if label in connects:
+                connects[label] += 1
+            else:
+                self._nemo_gym_count_first(label)
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
-            _log_failure_once("counting a connect", error)
-        return await super().connect(req, *args, **kwargs)
+            _log_setup_failure_once(error)
+        return super().connect(req, *args, **kwargs)
+
+    def _nemo_gym_count_first(self, label: str) -> None:
+        # A label this connector has not counted yet: admit it under the provider's cap.
+        telemetry = self._nemo_gym_pool
+        bounded = telemetry.admit(label) if telemetry is not None else label
+        connects = self._nemo_gym_counts.connects
+        connects[bounded] = connects.get(bounded, 0) + 1
 
     async def _wait_for_available_connection(self, key: ConnectionKey, traces: list[Trace]) -> None:
         # Classified before waiting: by the time the wait ends the slot that freed up has
         # changed the counts, and the question is what made us wait.
-        constraint = _aiohttp_compat.queue_constraint(self)
-        label = _SERVER_NAME.get()
+        constraint = _queue_constraint(self)
         started = perf_counter()
         try:
             await super()._wait_for_available_connection(key, traces)
-        except BaseException:
-            # Timeout and cancellation land here; record, then re-raise the very same
-            # exception so the caller sees what a plain TCPConnector would raise.
-            self._record_wait(started, constraint, OUTCOME_ABANDONED, label)
+        except BaseException as error:
+            # Timeout and cancellation land here: buffer the sample, then re-raise the very
+            # same exception so the caller sees what a plain TCPConnector would raise.
+            self._nemo_gym_buffer(perf_counter() - started, constraint, type(error), key)
             raise
-        self._record_wait(started, constraint, OUTCOME_OK, label)
+        self._nemo_gym_buffer(perf_counter() - started, constraint, None, key)
 
-    def _record_wait(self, started: float, constraint: str, outcome: str, label: str) -> None:
-        elapsed_ms = (perf_counter() - started) * 1000.0
-        histogram = self._nemo_gym_queue_duration
-        if histogram is None:
+    def _nemo_gym_buffer(
+        self,
+        seconds: float,
+        constraint: str,
+        error_type: type[BaseException] | None,
+        key: ConnectionKey,
+    ) -> None:
+        telemetry = self._nemo_gym_pool
+        if telemetry is None:
             return
         try:
-            attributes = _WAIT_ATTRIBUTES.get((constraint, outcome, label))
-            if attributes is None:
-                attributes = _wait_attributes(constraint, outcome, label)
-            histogram.record(elapsed_ms, attributes)
+            pending = telemetry.pending
+            pending.append(
+                (seconds, constraint, error_type, _SERVER_NAME.get(), key, get_current())
+            )
+            if len(pending) >= telemetry.batch_size:
+                telemetry.flush()
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
-            _log_failure_once("recording a queue wait", error)
+            _log_setup_failure_once(error)
+
+    async def _create_connection(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: _ClientTimeout,  # noqa: ASYNC109 - aiohttp's signature, forwarded as is
+    ) -> ResponseHandler:
+        # Once per new TCP connection, not per request: count it, and remember where it goes
+        # so the open-connections gauge can say which destination an active connection serves.
+        connection = await super()._create_connection(req, traces, timeout)
+        try:
+            where = destination(req.connection_key)
+            if where is not None:
+                counts = self._nemo_gym_counts
+                counts.created[where] = counts.created.get(where, 0) + 1
+                counts.destinations[connection] = where
+        except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
+            _log_setup_failure_once(error)
+        return connection
 
 
-def _warn_no_hook_once() -> None:
-    _ONCE(
-        "no-hook",
-        logging.WARNING,
-        "aiohttp %s has no TCPConnector._wait_for_available_connection (added in 3.10.11); "
-        "connects are counted but queue waits are not timed",
-        aiohttp.__version__,
+if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
+    # Tell inspect.iscoroutinefunction the truth about what connect() returns.
+    inspect.markcoroutinefunction(QueueTimedTCPConnector.connect)
+
+
+_FAILURES = OnceLog(logger)
+
+
+def _log_setup_failure_once(error: BaseException) -> None:
+    """Log a failure of our own on a connector once per exception type, at debug level."""
+    _FAILURES(
+        type(error).__name__,
+        logging.DEBUG,
+        "connection-pool telemetry failed; carrying on",
+        exc_info=error,
     )
 
 
@@ -319,6 +360,17 @@ def report_connection_pool_capacity(
     with _REPORTED_CAPACITIES_LOCK:
         if key in _REPORTED_CAPACITIES:
             return
+        if len(_REPORTED_CAPACITIES) >= _MAX_REPORTED_CAPACITIES:
+            first_over = len(_REPORTED_CAPACITIES) == _MAX_REPORTED_CAPACITIES
+            # One marker entry, so the notice below is logged once.
+            _REPORTED_CAPACITIES.add(("nemo_gym.capacity_reports_capped",))
+            if first_over:
+                logger.info(
+                    "more than %d distinct connection-pool configurations reported; "
+                    "further ones are not logged",
+                    _MAX_REPORTED_CAPACITIES,
+                )
+            return
         _REPORTED_CAPACITIES.add(key)
     fd_soft_limit = _fd_soft_limit()
     ephemeral_ports = _ephemeral_port_capacity()
@@ -331,17 +383,3 @@ def report_connection_pool_capacity(
         print(line, file=sys.stderr)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-
-
-def _reset_for_tests() -> None:
-    """Forget connect counts, admitted labels, reported capacities and once-only flags."""
-    global _label_cap
-    with _CONNECT_COUNTS_LOCK:
-        _CONNECT_COUNTS.clear()
-    with _LABELS_LOCK:
-        _SEEN_LABELS.clear()
-        _WAIT_ATTRIBUTES.clear()
-        _label_cap = None
-    with _REPORTED_CAPACITIES_LOCK:
-        _REPORTED_CAPACITIES.clear()
-    _ONCE.reset()

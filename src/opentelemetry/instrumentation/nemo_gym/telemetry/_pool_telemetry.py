@@ -1,0 +1,494 @@
+"""The connection-pool telemetry of one meter provider: its instruments and everything they read.
+
+``PoolTelemetry`` owns, for one meter provider, the instruments (made once, in its
+constructor), the destination-label cap, the live timed connectors (weakly) and the buffer of
+queue-wait samples. There is exactly one per meter provider (``PoolTelemetry.of``), because the
+SDK de-duplicates instruments by name per meter: a second set of observable instruments on the
+same provider would silently lose its callbacks.
+
+What a request pays is kept to the minimum (``benchmarks/instruction_counts.py`` measures it):
+
+* a connect adds one to a plain dictionary on its own connector (no lock, no OpenTelemetry
+  call); the observable counter sums the live connectors' dictionaries at collection time, and
+  a connector's counts are folded into the total when it is garbage-collected;
+* a queued wait appends one tuple to a deque; labels, attribute dictionaries, the
+  ``suppress_instrumentation`` check and the SDK ``record`` calls all happen in ``flush()``, in
+  batches, where the SDK's code is warm. The SDK runs observable callbacks at the start of every
+  collection, before it reads the histograms' storages, so flushing there makes each export
+  include every wait that ended before the collection began;
+* pool state (open, idle, waiting connections, limits, connections created) is read from the
+  live connectors at collection time only.
+
+Threading: the event loop appends samples and bumps counts; an exporter's thread collects. The
+deque's ``append``/``popleft`` and one-call dictionary copies are atomic under the GIL, so each
+sample is recorded exactly once and a collection never sees a half-updated dictionary. The two
+locks guard only collection-side merges and label admission, never a request; they are made
+anew in a forked child (``os.register_at_fork``), so a fork while one was held cannot hang it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final
+
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
+
+from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
+    Destination,
+    PoolState,
+    destination,
+    pool_state,
+)
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+
+logger = logging.getLogger(__name__)
+
+OTHER_LABEL: Final = "other"
+DEFAULT_BATCH_SIZE: Final = 128
+
+# A queue-wait sample as the hot path leaves it: seconds waited, binding constraint, the
+# exception type that ended the wait (None when it ended with a slot), destination label,
+# aiohttp's pool key, and the OpenTelemetry context current at the wait (for exemplars and
+# suppress_instrumentation).
+WaitSample = tuple[float, str, type[BaseException] | None, str, Any, Context]
+
+_SUPPRESS_KEYS: Final = (
+    otel_context._SUPPRESS_INSTRUMENTATION_KEY,
+    otel_context._SUPPRESS_HTTP_INSTRUMENTATION_KEY,
+    # The plain string key contrib's older instrumentations set, still honoured by
+    # opentelemetry.instrumentation.utils.is_instrumentation_enabled.
+    "suppress_instrumentation",
+)
+
+
+def suppressed(ctx: Context) -> bool:
+    """Whether ``ctx`` carries OpenTelemetry's ``suppress_instrumentation`` (or its HTTP form)."""
+    return any(ctx.get(key) for key in _SUPPRESS_KEYS)
+
+
+class SemconvMode:
+    """Which queue-wait histogram names to emit (``OTEL_SEMCONV_STABILITY_OPT_IN``, as contrib)."""
+
+    DEFAULT: Final = "default"  # page 004's gym.http.connection_pool.queue_duration_ms
+    HTTP: Final = "http"  # http.client.request.time_in_queue, in seconds
+    HTTP_DUP: Final = "http/dup"  # both
+
+
+class ConnectorCounts:
+    """What one timed connector counted: connects per label, connections created per destination.
+
+    Lives on the connector (``_nemo_gym_counts``); plain dictionaries written only by the event
+    loop the connector runs on.
+    """
+
+    __slots__ = ("connects", "created", "destinations")
+
+    def __init__(self) -> None:
+        self.connects: dict[str, int] = {}
+        self.created: dict[Destination, int] = {}
+        # Each connection the connector established, to its destination: aiohttp's set of
+        # handed-out connections does not say where they go.
+        self.destinations: weakref.WeakKeyDictionary[object, Destination] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+def _add_into(total: dict[Any, int], counts: dict[Any, int]) -> None:
+    for key, value in counts.items():
+        total[key] = total.get(key, 0) + value
+
+
+class PoolTelemetry:
+    """Instruments, connect counts, label cap and sample buffer of one meter provider.
+
+    Build it with ``PoolTelemetry.of(meter_provider, ...)``. ``record_wait`` is the only method
+    on a request's path; the rest run at connector construction or at collection.
+    """
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider,
+        *,
+        version: str,
+        max_server_names: int,
+        semconv_mode: str = SemconvMode.DEFAULT,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        if semconv_mode not in (SemconvMode.DEFAULT, SemconvMode.HTTP, SemconvMode.HTTP_DUP):
+            raise ValueError(
+                f"semconv_mode={semconv_mode!r} must be 'default', 'http' or 'http/dup'"
+            )
+        if type(max_server_names) is not int or max_server_names < 1:
+            raise ValueError(f"max_server_names={max_server_names!r} must be an integer >= 1")
+        if type(batch_size) is not int or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+        self.semconv_mode = semconv_mode
+        self.batch_size = batch_size
+        self.pending: deque[WaitSample] = deque()
+        self._max_server_names = max_server_names
+        self._labels: set[str] = set()
+        self._labels_lock = threading.Lock()
+        # Live timed connectors by id, each behind a weak reference whose callback retires it.
+        # A plain dictionary, not a WeakSet: copying its values is one atomic call, while a
+        # WeakSet iterated on the exporter's thread fails if the loop adds a connector meanwhile.
+        self._connectors: dict[int, weakref.ref[Any]] = {}
+        # Counts of connectors already garbage-collected, appended by their weak reference's
+        # callback (no lock: it may run inside any code, holding any lock), merged at collection.
+        self._retired: deque[ConnectorCounts] = deque()
+        self._folded_connects: dict[str, int] = {}
+        self._folded_created: dict[Destination, int] = {}
+        self._collect_lock = threading.Lock()
+        self._default_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
+        self._semconv_attributes: dict[tuple[Any, ...], dict[str, str | int]] = {}
+        self._failures = OnceLog(logger)
+
+        meter = meter_provider.get_meter(names.METER_NAME, version)
+        self._queue_duration: Histogram | None = None
+        self._time_in_queue: Histogram | None = None
+        if semconv_mode != SemconvMode.HTTP:
+            self._queue_duration = meter.create_histogram(
+                names.QUEUE_DURATION,
+                unit=names.QUEUE_DURATION_UNIT,
+                description=names.QUEUE_DURATION_DESCRIPTION,
+                explicit_bucket_boundaries_advisory=names.QUEUE_DURATION_BUCKETS,
+            )
+        if semconv_mode != SemconvMode.DEFAULT:
+            self._time_in_queue = meter.create_histogram(
+                names.TIME_IN_QUEUE,
+                unit=names.TIME_IN_QUEUE_UNIT,
+                description=names.TIME_IN_QUEUE_DESCRIPTION,
+                explicit_bucket_boundaries_advisory=names.TIME_IN_QUEUE_BUCKETS,
+            )
+        # Registered first: the SDK runs callbacks in registration order, and this one
+        # flushes the buffered waits before anything reads the histograms.
+        meter.create_observable_counter(
+            names.CONNECT_TOTAL,
+            callbacks=[self._observe_connects],
+            unit=names.CONNECT_TOTAL_UNIT,
+            description=names.CONNECT_TOTAL_DESCRIPTION,
+        )
+        meter.create_observable_counter(
+            names.CONNECTIONS_CREATED,
+            callbacks=[self._observe_created],
+            unit=names.CONNECTIONS_CREATED_UNIT,
+            description=names.CONNECTIONS_CREATED_DESCRIPTION,
+        )
+        meter.create_observable_up_down_counter(
+            names.OPEN_CONNECTIONS,
+            callbacks=[self._observe_open_connections],
+            unit=names.OPEN_CONNECTIONS_UNIT,
+            description=names.OPEN_CONNECTIONS_DESCRIPTION,
+        )
+        meter.create_observable_up_down_counter(
+            names.WAITING_REQUESTS,
+            callbacks=[self._observe_waiting],
+            unit=names.WAITING_REQUESTS_UNIT,
+            description=names.WAITING_REQUESTS_DESCRIPTION,
+        )
+        meter.create_observable_up_down_counter(
+            names.LIMIT,
+            callbacks=[self._observe_limits],
+            unit=names.LIMIT_UNIT,
+            description=names.LIMIT_DESCRIPTION,
+        )
+        _LIVE.add(self)
+
+    # --- one per meter provider ---------------------------------------------------------------
+
+    @classmethod
+    def of(
+        cls,
+        meter_provider: MeterProvider,
+        *,
+        version: str,
+        max_server_names: int,
+        semconv_mode: str = SemconvMode.DEFAULT,
+    ) -> PoolTelemetry:
+        """The telemetry of ``meter_provider``, created with these settings on first use.
+
+        Later calls return the same object whatever settings they pass: instruments exist once
+        per provider. Raises whatever the provider raises when it cannot create instruments.
+        """
+        with _BY_PROVIDER_LOCK:
+            try:
+                existing = _BY_PROVIDER.get(meter_provider)
+            except TypeError:
+                existing = None  # a provider that cannot be weakly referenced is not cached
+            if existing is not None:
+                return existing
+            created = cls(
+                meter_provider,
+                version=version,
+                max_server_names=max_server_names,
+                semconv_mode=semconv_mode,
+            )
+            with contextlib.suppress(TypeError):
+                _BY_PROVIDER[meter_provider] = created
+            return created
+
+    # --- connectors ---------------------------------------------------------------------------
+
+    def attach(self, connector: Any) -> ConnectorCounts:
+        """Start counting for ``connector``; returns the counts it must write into."""
+        counts = ConnectorCounts()
+        key = id(connector)
+        connectors = self._connectors
+        retired = self._retired
+
+        def retire(_gone: weakref.ref[Any]) -> None:
+            connectors.pop(key, None)
+            retired.append(counts)
+
+        connectors[key] = weakref.ref(connector, retire)
+        return counts
+
+    def admit(self, label: str) -> str:
+        """``label`` while under the distinct-label cap, else ``other`` (warning once)."""
+        if label in self._labels:
+            return label
+        with self._labels_lock:
+            if label in self._labels:
+                return label
+            if len(self._labels) < self._max_server_names:
+                self._labels.add(label)
+                return label
+        self._failures(
+            "label-cap",
+            logging.WARNING,
+            "more than %d distinct destination names (set_server_name); %r and later new "
+            "names are recorded as %r. Raise OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES if these "
+            "names are bounded.",
+            self._max_server_names,
+            label,
+            OTHER_LABEL,
+        )
+        return OTHER_LABEL
+
+    def log_failure(self, what: str, error: BaseException) -> None:
+        """Log a telemetry failure once, at debug level; the request carries on."""
+        self._failures(
+            ("failure", what),
+            logging.DEBUG,
+            "connection-pool telemetry failed while %s; carrying on",
+            what,
+            exc_info=error,
+        )
+
+    # --- queue waits ----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Record every buffered wait into the histograms, oldest first. Never raises."""
+        pending = self.pending
+        while True:
+            try:
+                sample = pending.popleft()
+            except IndexError:
+                return
+            try:
+                self._record(sample)
+            except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
+                self.log_failure("recording a queue wait", error)
+
+    def _record(self, sample: WaitSample) -> None:
+        seconds, constraint, error_type, label, key, ctx = sample
+        if suppressed(ctx):
+            return
+        label = self.admit(label)
+        outcome = names.OUTCOME_OK if error_type is None else names.OUTCOME_ABANDONED
+        if self._queue_duration is not None:
+            cache_key = (constraint, outcome, label)
+            attributes = self._default_attributes.get(cache_key)
+            if attributes is None:
+                attributes = {
+                    names.ATTR_QUEUE_CONSTRAINT: constraint,
+                    names.ATTR_QUEUE_OUTCOME: outcome,
+                    names.ATTR_SERVER_NAME: label,
+                }
+                self._default_attributes[cache_key] = attributes
+            self._queue_duration.record(seconds * 1000.0, attributes, ctx)
+        if self._time_in_queue is not None:
+            where = destination(key)
+            semconv_key = (where, constraint, error_type, label)
+            semconv = self._semconv_attributes.get(semconv_key)
+            if semconv is None:
+                semconv = self._semconv_wait_attributes(where, constraint, error_type, label)
+                self._semconv_attributes[semconv_key] = semconv
+            self._time_in_queue.record(seconds, semconv, ctx)
+
+    @staticmethod
+    def _semconv_wait_attributes(
+        where: Destination | None,
+        constraint: str,
+        error_type: type[BaseException] | None,
+        label: str,
+    ) -> dict[str, str | int]:
+        attributes: dict[str, str | int] = {
+            names.ATTR_QUEUE_CONSTRAINT: constraint,
+            names.ATTR_SERVER_NAME: label,
+        }
+        if where is not None:
+            attributes[names.ATTR_SERVER_ADDRESS] = where[0]
+            attributes[names.ATTR_SERVER_PORT] = where[1]
+            attributes[names.ATTR_URL_SCHEME] = where[2]
+        if error_type is not None:
+            # The conventions ask for the fully qualified class name, builtins left bare.
+            module = error_type.__module__
+            attributes[names.ATTR_ERROR_TYPE] = (
+                error_type.__qualname__
+                if module == "builtins"
+                else f"{module}.{error_type.__qualname__}"
+            )
+        return attributes
+
+    # --- collection (any thread) ------------------------------------------------------------
+
+    def _live(self) -> list[Any]:
+        alive = (reference() for reference in list(self._connectors.values()))
+        return [connector for connector in alive if connector is not None]
+
+    def _fold_retired(self) -> None:
+        # Under _collect_lock. Counts of collected connectors move into the folded totals.
+        while True:
+            try:
+                counts = self._retired.popleft()
+            except IndexError:
+                return
+            _add_into(self._folded_connects, counts.connects)
+            _add_into(self._folded_created, counts.created)
+
+    def connect_counts(self) -> dict[str, int]:
+        """Connects per destination label so far, live and collected connectors together."""
+        with self._collect_lock:
+            self._fold_retired()
+            total = dict(self._folded_connects)
+        for connector in self._live():
+            counts = getattr(connector, "_nemo_gym_counts", None)
+            if counts is not None:
+                _add_into(total, counts.connects.copy())
+        return total
+
+    def created_counts(self) -> dict[Destination, int]:
+        """New TCP connections per destination so far, live and collected connectors together."""
+        with self._collect_lock:
+            self._fold_retired()
+            total = dict(self._folded_created)
+        for connector in self._live():
+            counts = getattr(connector, "_nemo_gym_counts", None)
+            if counts is not None:
+                _add_into(total, counts.created.copy())
+        return total
+
+    def pool_states(self) -> Iterator[PoolState]:
+        """What each live timed connector holds right now."""
+        for connector in self._live():
+            counts = getattr(connector, "_nemo_gym_counts", None)
+            if counts is not None:
+                yield pool_state(connector, counts.destinations)
+
+    def _observe(
+        self, what: str, observe: Callable[[], Iterable[Observation]]
+    ) -> Iterable[Observation]:
+        try:
+            return list(observe())
+        except Exception as error:  # noqa: BLE001 - a failing callback must not fail collection
+            self.log_failure(what, error)
+            return []
+
+    def _observe_connects(self, _options: CallbackOptions) -> Iterable[Observation]:
+        self.flush()
+        return self._observe(
+            "observing connects",
+            lambda: (
+                Observation(count, {names.ATTR_SERVER_NAME: label})
+                for label, count in self.connect_counts().items()
+            ),
+        )
+
+    def _observe_created(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(
+            "observing connections created",
+            lambda: (
+                Observation(count, _destination_attributes(where))
+                for where, count in self.created_counts().items()
+            ),
+        )
+
+    def _observe_open_connections(self, _options: CallbackOptions) -> Iterable[Observation]:
+        def observe() -> Iterator[Observation]:
+            active: dict[Destination, int] = {}
+            idle: dict[Destination, int] = {}
+            for state in self.pool_states():
+                _add_into(active, state.active)
+                _add_into(idle, state.idle)
+            # Every destination seen gets both states, so a pool that went quiet reports
+            # active 0 rather than a series that just stops.
+            for where in sorted(active.keys() | idle.keys()):
+                for state_name, counts in ((names.STATE_ACTIVE, active), (names.STATE_IDLE, idle)):
+                    attributes: dict[str, str | int] = _destination_attributes(where)
+                    attributes[names.ATTR_CONNECTION_STATE] = state_name
+                    yield Observation(counts.get(where, 0), attributes)
+
+        return self._observe("observing open connections", observe)
+
+    def _observe_waiting(self, _options: CallbackOptions) -> Iterable[Observation]:
+        def observe() -> Iterator[Observation]:
+            waiting: dict[Destination, int] = {}
+            for state in self.pool_states():
+                _add_into(waiting, state.waiting)
+            for where, count in sorted(waiting.items()):
+                yield Observation(count, _destination_attributes(where))
+
+        return self._observe("observing waiting requests", observe)
+
+    def _observe_limits(self, _options: CallbackOptions) -> Iterable[Observation]:
+        def observe() -> Iterator[Observation]:
+            total = per_host = 0
+            connectors = self._live()
+            for connector in connectors:
+                # aiohttp's public properties; 0 means unlimited and adds nothing.
+                total += max(int(connector.limit), 0)
+                per_host += max(int(connector.limit_per_host), 0)
+            if connectors:
+                yield Observation(total, {names.ATTR_LIMIT_KIND: names.LIMIT_TOTAL})
+                yield Observation(per_host, {names.ATTR_LIMIT_KIND: names.LIMIT_PER_HOST})
+
+        return self._observe("observing limits", observe)
+
+    def _reinit_locks_after_fork(self) -> None:
+        self._labels_lock = threading.Lock()
+        self._collect_lock = threading.Lock()
+
+
+def _destination_attributes(where: Destination) -> dict[str, str | int]:
+    return {
+        names.ATTR_SERVER_ADDRESS: where[0],
+        names.ATTR_SERVER_PORT: where[1],
+        names.ATTR_URL_SCHEME: where[2],
+    }
+
+
+# One PoolTelemetry per meter provider, for as long as the provider lives.
+_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, PoolTelemetry] = weakref.WeakKeyDictionary()
+_BY_PROVIDER_LOCK = threading.Lock()
+# Every PoolTelemetry alive, so a forked child can replace locks a parent thread held.
+_LIVE: weakref.WeakSet[PoolTelemetry] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _BY_PROVIDER_LOCK
+    _BY_PROVIDER_LOCK = threading.Lock()
+    for telemetry in list(_LIVE):
+        telemetry._reinit_locks_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
