@@ -94,7 +94,7 @@ def register(nemo_gym: ModuleType, cls: type = EchoProvider) -> str:
 
 def holders() -> dict[str, Any]:
     """What each module that binds ``create_provider`` holds now."""
-    return {name: getattr(sys.modules[name], "create_provider") for name in hook.PATCHED_MODULES}
+    return {name: sys.modules[name].create_provider for name in hook.PATCHED_MODULES}
 
 
 def test_install_create_provider_result_wrapped(nemo_gym: ModuleType) -> None:
@@ -208,7 +208,8 @@ def test_wrap_failure_provider_untouched_logged_once(
     with caplog.at_level(logging.WARNING, logger=hook.__name__):
         first = nemo_gym.create_provider({name: {}})
         second = nemo_gym.create_provider({name: {}})
-    assert type(first) is Odd and type(second) is Odd
+    assert type(first) is Odd
+    assert type(second) is Odd
     warnings = [r for r in caplog.records if "cannot be traced" in r.getMessage()]
     assert len(warnings) == 1
     assert "Odd" in warnings[0].getMessage()
@@ -328,4 +329,3 @@ def test_install_without_nemo_gym_never_raises() -> None:
         """
     )
     assert output == "ok"
-

@@ -21,6 +21,7 @@ per provider class.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -96,10 +97,8 @@ class _Installation:
             )
             return provider
         for value in (provider, result):
-            try:
+            with contextlib.suppress(TypeError):
                 self.seen.add(value)
-            except TypeError:
-                pass
         return result
 
     def patch(self, module: ModuleType) -> None:
