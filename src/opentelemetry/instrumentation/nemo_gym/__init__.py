@@ -45,6 +45,7 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as sandbox_tracing
+from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     bind_instruments,
     instruments_for,
@@ -79,6 +80,11 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._instrument_connection_pool(kwargs.get("meter_provider"))
             except Exception:
                 logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
+            # NeMo Gym's ServerClient: its requests labelled by the server they target.
+            try:
+                _nemo_gym_server.install()
+            except Exception:
+                logger.exception("nemo_gym: ServerClient labelling failed; skipped")
         if sandbox_resources:
             try:
                 self._instrument_sandbox(kwargs.get("tracer_provider"))
@@ -118,6 +124,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             bind_instruments(None)
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
+        try:
+            _nemo_gym_server.uninstall()
+        except Exception:
+            logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
         try:
             sandbox_tracing.disable()
         except Exception:
