@@ -45,6 +45,7 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as _sandbox_tracing
+from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool as _connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.version import __version__
@@ -112,6 +113,11 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._instrument_connection_pool(kwargs.get("meter_provider"))
             except Exception:
                 logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
+            # NeMo Gym's ServerClient: its requests labelled by the server they target.
+            try:
+                _nemo_gym_server.install()
+            except Exception:
+                logger.exception("nemo_gym: ServerClient labelling failed; skipped")
         if sandbox_resources:
             try:
                 self._instrument_sandbox(kwargs.get("tracer_provider"))
@@ -153,7 +159,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         patch = TCPConnectorPatch(
             choose,
             capacity_reporter(
-                _settings.workers(),
+                _nemo_gym_server.capacity_workers(),
                 _settings.intended_concurrency(),
                 _settings.intended_concurrency_per_host(),
             ),
@@ -175,6 +181,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _connection_pool._instrumented_telemetry = None
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
+        try:
+            _nemo_gym_server.uninstall()
+        except Exception:
+            logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
         try:
             _sandbox_tracing.disable()
         except Exception:

@@ -159,6 +159,51 @@ class SandboxSpec:
             object.__setattr__(self, "resources", SandboxResources.from_mapping(self.resources))
 
 
+def _resources_from(value: object) -> SandboxResources:
+    """Any requested shape as ours: our ``SandboxResources`` as is, ``None`` as no request, a
+    mapping through ``from_mapping``, another object of the same shape (nemo_gym's
+    ``SandboxResources``) by its attributes; each value validated as on construction."""
+    if value is None:
+        return SandboxResources()
+    if isinstance(value, SandboxResources):
+        return value
+    if isinstance(value, Mapping):
+        return SandboxResources.from_mapping(value)
+    return SandboxResources.from_mapping(
+        {name: getattr(value, name, None) for name in _RESOURCE_FIELDS}
+    )
+
+
+_RESOURCE_FIELDS = ("cpu", "memory_mib", "disk_gib", "gpu", "gpu_type")
+
+
+def _spec_from(spec: object) -> SandboxSpec:
+    """Any creation request as our ``SandboxSpec``, so providers read one type.
+
+    Ours is returned as is; a mapping's keys are the fields (unknown keys raise ``ValueError``
+    listing the allowed ones); another object of the same shape (nemo_gym's ``SandboxSpec``)
+    is read field by field, missing fields taking their defaults. Values keep their types
+    (providers validate them); ``resources`` goes through ``_resources_from``.
+    """
+    if isinstance(spec, SandboxSpec):
+        return spec
+    allowed = [f.name for f in fields(SandboxSpec)]
+    if isinstance(spec, Mapping):
+        unknown = sorted(str(key) for key in set(spec) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown sandbox spec keys: {', '.join(unknown)}; "
+                f"allowed keys: {', '.join(sorted(allowed))}"
+            )
+        values = {name: spec[name] for name in allowed if spec.get(name) is not None}
+    else:
+        values = {
+            name: getattr(spec, name) for name in allowed if getattr(spec, name, None) is not None
+        }
+    values["resources"] = _resources_from(values.get("resources"))
+    return SandboxSpec(**values)
+
+
 @dataclass
 class SandboxHandle:
     """A provider-neutral handle to a created sandbox.

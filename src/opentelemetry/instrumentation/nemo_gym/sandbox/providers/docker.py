@@ -36,10 +36,11 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
-    SandboxResources,
     SandboxSpec,
     SandboxStatus,
     _positive_seconds,
+    _resources_from,
+    _spec_from,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     Attribute,
@@ -92,7 +93,9 @@ class DockerSandboxProvider:
     """Sandboxes as containers of a Docker-compatible engine on a unix socket.
 
     ``docker_host`` defaults to ``$DOCKER_HOST`` (``unix://`` only), then
-    ``/var/run/docker.sock``. Every engine call is bounded by ``api_timeout_s``; a container
+    ``/var/run/docker.sock``. Options arrive as keyword arguments, from code or from a NeMo
+    Gym config (``{"otel_docker": {...}}``); a bad value raises ``ValueError`` naming the
+    option and the value. Every engine call is bounded by ``api_timeout_s``; a container
     must be running within ``spec.ready_timeout_s`` (default ``ready_timeout_s``); a command
     without ``timeout_s`` gets ``exec_timeout_s``. All methods run on the event loop and never
     block it. ``aclose()`` removes the containers this provider created and did not close,
@@ -115,6 +118,10 @@ class DockerSandboxProvider:
             ("exec_timeout_s", exec_timeout_s),
         ):
             _positive_seconds(field, value)
+        if docker_host is not None and not isinstance(docker_host, str):
+            raise ValueError(
+                f"docker_host={docker_host!r} must be a unix:// address string or None"
+            )
         host = docker_host if docker_host is not None else os.environ.get("DOCKER_HOST")
         self._api = EngineClient(socket_path(host), api_timeout_s)
         self._ready_timeout_s = ready_timeout_s
@@ -129,7 +136,9 @@ class DockerSandboxProvider:
         cannot be reached, or the container is not running in time; a half-created container
         is removed first. Raises ``ValueError`` for a spec without an image or with unknown
         ``provider_options`` (known: ``host_config``, a mapping merged into ``HostConfig``).
+        ``spec`` may also be nemo_gym's ``SandboxSpec`` or a plain mapping of its fields.
         """
+        spec = _spec_from(spec)
         if not spec.image:
             raise ValueError(f"sandbox spec image={spec.image!r}: the docker provider needs one")
         unknown = sorted(set(spec.provider_options) - {"host_config"})
@@ -137,8 +146,7 @@ class DockerSandboxProvider:
             raise ValueError(
                 f"unknown docker provider_options: {', '.join(unknown)}; allowed: host_config"
             )
-        resources = spec.resources
-        assert isinstance(resources, SandboxResources)  # SandboxSpec converts mappings
+        resources = _resources_from(spec.resources)  # already ours: typed for the reader
         if spec.ttl_s is not None:
             keep_alive = f"trap 'exit 0' TERM INT; sleep {float(spec.ttl_s):g} & wait $!"
         else:

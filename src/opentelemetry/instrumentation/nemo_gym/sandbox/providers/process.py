@@ -38,6 +38,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxSpec,
     SandboxStatus,
     _positive_seconds,
+    _spec_from,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
@@ -168,7 +169,9 @@ class ProcessSandboxProvider:
 
     Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
     and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
-    ``SandboxCreateError``. Commands run as this process's user.
+    ``SandboxCreateError``. Commands run as this process's user. Options arrive as keyword
+    arguments, from code or from a NeMo Gym config (``{"otel_process": {...}}``); a bad value
+    raises ``ValueError`` naming the option and the value.
     """
 
     name = "process"
@@ -181,6 +184,13 @@ class ProcessSandboxProvider:
         base_dir: str | os.PathLike[str] | None = None,
         max_output_bytes: int = 8 * _cgroups.MIB,
     ) -> None:
+        # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
+        if not isinstance(cgroups, bool):
+            raise ValueError(f"cgroups={cgroups!r} must be true or false")  # noqa: TRY004
+        if not isinstance(cgroup_parent, str):
+            raise ValueError(f"cgroup_parent={cgroup_parent!r} must be a string")  # noqa: TRY004
+        if base_dir is not None and not isinstance(base_dir, str | os.PathLike):
+            raise ValueError(f"base_dir={base_dir!r} must be a path or None")
         if not cgroup_parent or "/" in cgroup_parent or cgroup_parent in (".", ".."):
             raise ValueError(f"cgroup_parent={cgroup_parent!r} must be one directory name")
         if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int):
@@ -207,7 +217,9 @@ class ProcessSandboxProvider:
 
         Raises ``ValueError`` for a spec this provider cannot honour as written (naming the
         field and value) and ``SandboxCreateError`` for a GPU request or a filesystem failure.
+        ``spec`` may also be nemo_gym's ``SandboxSpec`` or a plain mapping of its fields.
         """
+        spec = _spec_from(spec)
         resources = _resources_of(spec)
         if resources.gpu or resources.gpu_type is not None:
             raise SandboxCreateError(

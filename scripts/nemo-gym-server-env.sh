@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Build the separate virtualenv in which tests/test_nemo_gym_server_client.py runs: NeMo Gym's
+# server_utils (its global aiohttp client and ServerClient) imports far more than the standard
+# library (about 600 MB: ray, wandb, mlflow-skinny, ...), so the main suite's .venv stays light
+# and these tests get their own environment. Idempotent; prints the environment's python last.
+#   VENV=.venv-nemo-gym-server (default)   the virtualenv to use or create
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${VENV:-.venv-nemo-gym-server}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" -e '.[test]'
+# The wheel declares Python >= 3.12 and pins its whole stack; its server_utils imports resolve
+# on 3.11 with these, so the wheel itself is installed without its declared dependencies.
+"${pip[@]}" --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
+"${pip[@]}" orjson ray requests uvicorn fastapi omegaconf hydra-core pydantic yappi gprof2dot \
+  pydot psutil wandb mlflow-skinny openai itsdangerous rich
+"$venv/bin/python" -c 'import nemo_gym.server_utils' >/dev/null
+echo "$venv/bin/python"

@@ -1,0 +1,274 @@
+"""Fleet metrics beside the sandbox spans, and the semantic-convention identity of records.
+
+Three counters, low cardinality by construction (provider name, outcome, error type, resource,
+mismatch kind; never a sandbox id), named and united as OpenTelemetry conventions ask (no
+unit in the name, ``{annotation}`` units for counts):
+
+* ``gym.sandbox.creations`` (``{sandbox}``): ``nemo.gym.sandbox.provider``,
+  ``nemo.gym.sandbox.outcome`` (``created``, ``failed``), and ``error.type`` on failures;
+* ``gym.sandbox.oom_kills`` (``{kill}``): ``nemo.gym.sandbox.provider``;
+* ``gym.sandbox.allocation.mismatches`` (``{mismatch}``): ``nemo.gym.sandbox.provider``,
+  ``nemo.gym.sandbox.resource`` (``cpu``, ``memory_mib``), ``nemo.gym.sandbox.mismatch``
+  (``below_request``, ``above_request``, ``no_limit``).
+
+The Prometheus exporter shows them as ``gym_sandbox_creations_total``,
+``gym_sandbox_oom_kills_total`` and ``gym_sandbox_allocation_mismatches_total``.
+
+``SandboxFleetMetrics`` is made once per instrumentation from its meter provider; its methods
+never raise (a failure is logged once) and may be called from any thread. The tracing layer
+calls ``created``/``failed`` after each create, ``allocation_recorded`` on each allocation
+record (mismatch attributes, warning and counter, container identity) and ``sample_recorded``
+on each usage sample (OOM kills). ``new_oom_kills``
+reads OOM kills out of successive usage samples, and ``container_identity`` gives the
+``container.id`` / ``container.runtime.name`` attributes of a container's allocation: both
+pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+from opentelemetry import metrics
+
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
+    Attribute,
+    ResourceAllocation,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._mismatch import (
+    MismatchWarnings,
+    compare_allocation,
+    mismatch_attributes,
+)
+from opentelemetry.instrumentation.nemo_gym.version import __version__
+
+__all__ = [
+    "ATTR_ERROR_TYPE",
+    "ATTR_MISMATCH",
+    "ATTR_OUTCOME",
+    "ATTR_PROVIDER",
+    "ATTR_RESOURCE",
+    "CREATIONS",
+    "MISMATCHES",
+    "OOM_KILLS",
+    "SandboxFleetMetrics",
+    "container_identity",
+    "error_type_of",
+    "new_oom_kills",
+]
+
+LOGGER = logging.getLogger(__name__)
+_ONCE = OnceLog(LOGGER)
+
+METER_NAME: Final = "opentelemetry.instrumentation.nemo_gym"
+
+CREATIONS: Final = "gym.sandbox.creations"
+CREATIONS_UNIT: Final = "{sandbox}"
+OOM_KILLS: Final = "gym.sandbox.oom_kills"
+OOM_KILLS_UNIT: Final = "{kill}"
+MISMATCHES: Final = "gym.sandbox.allocation.mismatches"
+MISMATCHES_UNIT: Final = "{mismatch}"
+
+ATTR_PROVIDER: Final = "nemo.gym.sandbox.provider"
+ATTR_OUTCOME: Final = "nemo.gym.sandbox.outcome"
+ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_RESOURCE: Final = "nemo.gym.sandbox.resource"
+ATTR_MISMATCH: Final = "nemo.gym.sandbox.mismatch"
+
+OUTCOME_CREATED: Final = "created"
+OUTCOME_FAILED: Final = "failed"
+
+# Provider names come from code and configs, so they are few; a bound keeps a misbehaving
+# caller (a name per sandbox) from exploding the series count. Later names become "other".
+MAX_PROVIDER_LABELS: Final = 100
+_OTHER: Final = "other"
+
+
+def error_type_of(error: BaseException) -> str:
+    """The ``error.type`` of a failure: the exception's qualified class name, as the
+    connection-pool metrics use (``SandboxCreateError``, ``TimeoutError``, ...)."""
+    return type(error).__qualname__
+
+
+class SandboxFleetMetrics:
+    """The sandbox fleet counters of one meter provider, created once, here.
+
+    Methods add 1 (or ``count``) to a counter with the attributes above. They never raise:
+    a failure is logged once per kind and dropped. Thread-safe.
+    """
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+        meter = provider.get_meter(METER_NAME, __version__)
+        self._creations = meter.create_counter(
+            CREATIONS,
+            unit=CREATIONS_UNIT,
+            description="Sandbox creations by provider and outcome (created or failed).",
+        )
+        self._oom_kills = meter.create_counter(
+            OOM_KILLS,
+            unit=OOM_KILLS_UNIT,
+            description="Processes the kernel OOM-killed inside sandboxes, by provider.",
+        )
+        self._mismatches = meter.create_counter(
+            MISMATCHES,
+            unit=MISMATCHES_UNIT,
+            description=(
+                "Sandboxes whose allocated limit differs from the requested resource, by "
+                "provider, resource and kind (below_request, above_request, no_limit)."
+            ),
+        )
+        self._providers: set[str] = set()
+        self._lock = threading.Lock()
+        self._warnings = MismatchWarnings()
+
+    def _provider_label(self, provider: str) -> str:
+        with self._lock:
+            if provider in self._providers:
+                return provider
+            if len(self._providers) < MAX_PROVIDER_LABELS:
+                self._providers.add(provider)
+                return provider
+        _ONCE(
+            ("provider-labels", id(self)),
+            logging.WARNING,
+            "nemo_gym: more than %d sandbox provider names; later ones are counted as %r",
+            MAX_PROVIDER_LABELS,
+            _OTHER,
+        )
+        return _OTHER
+
+    def _add(self, counter: metrics.Counter, count: int, attributes: dict[str, str]) -> None:
+        try:
+            counter.add(count, attributes)
+        except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
+            name = getattr(counter, "name", "sandbox counter")
+            _ONCE(
+                ("add", name),
+                logging.WARNING,
+                "nemo_gym: %s not counted: %r",
+                name,
+                exc,
+            )
+
+    def created(self, provider: str) -> None:
+        """One sandbox created by ``provider``."""
+        self._add(
+            self._creations,
+            1,
+            {ATTR_PROVIDER: self._provider_label(provider), ATTR_OUTCOME: OUTCOME_CREATED},
+        )
+
+    def failed(self, provider: str, error_type: str) -> None:
+        """One failed creation by ``provider``; ``error_type`` as ``error_type_of`` gives it."""
+        self._add(
+            self._creations,
+            1,
+            {
+                ATTR_PROVIDER: self._provider_label(provider),
+                ATTR_OUTCOME: OUTCOME_FAILED,
+                ATTR_ERROR_TYPE: error_type,
+            },
+        )
+
+    def oom_killed(self, provider: str, count: int = 1) -> None:
+        """``count`` OOM kills seen in a sandbox of ``provider`` (nothing for ``count < 1``)."""
+        if count >= 1:
+            self._add(self._oom_kills, count, {ATTR_PROVIDER: self._provider_label(provider)})
+
+    def mismatched(self, provider: str, resource: str, kind: str) -> None:
+        """One sandbox of ``provider`` whose ``resource`` limit differs from the request by
+        ``kind`` (see ``_mismatch``)."""
+        self._add(
+            self._mismatches,
+            1,
+            {
+                ATTR_PROVIDER: self._provider_label(provider),
+                ATTR_RESOURCE: resource,
+                ATTR_MISMATCH: kind,
+            },
+        )
+
+    # --- the calls the tracing layer makes, one per record --------------------------------
+
+    def allocation_recorded(
+        self, provider: str, requested: object, allocation: ResourceAllocation
+    ) -> dict[str, Attribute]:
+        """Compare an allocation record with the request, count and warn (once per provider
+        and resource) about each mismatch, and return the attributes to add to the record:
+        the mismatch attributes and the container identity. Never raises (a request that
+        cannot be compared is logged once and yields the identity alone)."""
+        attributes = container_identity(allocation)
+        try:
+            mismatches = compare_allocation(requested, allocation)
+        except Exception as exc:  # noqa: BLE001 - the record is still written without them
+            _ONCE(("compare", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
+            return attributes
+        self._warnings.warn(provider, mismatches)
+        for mismatch in mismatches:
+            self.mismatched(provider, mismatch.resource, mismatch.kind)
+        attributes.update(mismatch_attributes(mismatches))
+        return attributes
+
+    def sample_recorded(
+        self, provider: str, previous: Mapping[str, Any] | None, sample: Mapping[str, Any]
+    ) -> None:
+        """Count the OOM kills between a sandbox's previous usage sample and this one."""
+        self.oom_killed(provider, new_oom_kills(previous, sample))
+
+
+def _usage(sample: Mapping[str, Any], quantity: str) -> Any:
+    """A usage value, whether the sample's keys carry ``PREFIX`` or not."""
+    key = "usage." + quantity
+    return sample.get("nemo.gym.sandbox." + key, sample.get(key))
+
+
+def new_oom_kills(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> int:
+    """OOM kills that happened between two usage samples of one sandbox (``previous`` is
+    ``None`` for its first sample).
+
+    Reads ``usage.oom_kills`` (a cumulative count: cgroups' ``oom_kill``) as the difference,
+    else ``usage.oom_killed`` (a sticky flag: the Docker engine's ``OOMKilled``) as 1 when it
+    turns true. Absent or odd values count 0. Pure.
+    """
+    count = _usage(current, "oom_kills")
+    if _is_count(count):
+        before = _usage(previous or {}, "oom_kills")
+        return max(0, int(count) - (int(before) if _is_count(before) else 0))
+    if _usage(current, "oom_killed") is True:
+        return 0 if _usage(previous or {}, "oom_killed") is True else 1
+    return 0
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+# Container runtimes we can name from what the Docker provider's allocation says: Podman's
+# daemon scope is "podman-<digest>" (see providers/_docker_resources.daemon_scope); any other
+# "docker.*" source came from a Docker engine.
+def _runtime_name(allocation: ResourceAllocation) -> str | None:
+    designator = allocation.designator
+    if designator is not None and (designator.scope or "").startswith("podman-"):
+        return "podman"
+    if allocation.source.startswith("docker."):
+        return "docker"
+    return None
+
+
+def container_identity(allocation: ResourceAllocation) -> dict[str, Attribute]:
+    """The semantic-convention identity of a container's allocation record:
+    ``container.id`` (the designator's id) and, where the source tells it,
+    ``container.runtime.name`` (``docker`` or ``podman``). Empty unless the designator's kind
+    is ``container``. Pure."""
+    designator = allocation.designator
+    if designator is None or designator.kind != "container":
+        return {}
+    identity: dict[str, Attribute] = {"container.id": designator.id}
+    runtime = _runtime_name(allocation)
+    if runtime is not None:
+        identity["container.runtime.name"] = runtime
+    return identity
