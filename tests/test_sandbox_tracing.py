@@ -18,6 +18,7 @@ from opentelemetry.trace import ProxyTracerProvider, StatusCode
 from conftest import require_service
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import default_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
@@ -26,10 +27,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
-    _OWNERS,
-    PREFIX,
-)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     SandboxSpanProcessor,
     install_span_processor,
@@ -213,7 +211,7 @@ async def test_traced_provider_records_allocation_samples_and_final(
         assert record.parent.span_id == rollout.get_span_context().span_id
         assert attrs(record)[SANDBOX_ID] == sandbox.sandbox_id
         assert attrs(record)[REQUEST_ID] == attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    assert (process.name, sandbox.sandbox_id) not in default_state().registry
     await asyncio.sleep(0.15)
     assert len(named(exporter, "sandbox.resources")) == len(records)
 
@@ -224,7 +222,9 @@ async def test_traced_provider_no_records_when_nothing_exported(
     """With the API's proxy provider no sampler runs and no resource record is attempted."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    entry = default_state().registry.get((process.name, sandbox.sandbox_id))
+    assert entry is not None
+    assert entry.sampler is None
     await provider.close(sandbox)
     assert span_exporter.get_finished_spans() == ()
 
@@ -354,14 +354,16 @@ async def test_traced_provider_aclose_stops_unclosed_samplers(
     """aclose() records the final sample of sandboxes that were never closed."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    assert (process.name, sandbox.sandbox_id) in _OWNERS
+    key = (process.name, sandbox.sandbox_id)
+    entry = default_state().registry.get(key)
+    assert entry is not None
+    assert entry.sampler is not None
     await provider.aclose()
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    assert key not in default_state().registry
     finals = [
         r for r in named(exporter, "sandbox.resources") if attrs(r)[PREFIX + "resource.final"]
     ]
     assert len(finals) == 1
-    assert sandbox.sandbox_id not in {k[1] for k in tracing._SANDBOXES}
 
 
 async def test_traced_cgroup_sandbox_records_throttling_and_oom(
@@ -408,8 +410,10 @@ async def test_enable_disable_cycle_reuses_one_processor(
     original = ProcessSandboxProvider.__dict__["create"]
     first = tracing.enable(global_tracer_provider)
     try:
-        assert first is not None
-        assert tracing.enable(global_tracer_provider) is first
+        assert first.processor is not None
+        second = tracing.enable(global_tracer_provider)
+        assert second.processor is first.processor
+        assert ProcessSandboxProvider.__dict__["create"].__wrapped__ is original
         plain = ProcessSandboxProvider(cgroups=False)
         sandbox = await plain.create(SandboxSpec())
         with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("inside"):
@@ -418,11 +422,12 @@ async def test_enable_disable_cycle_reuses_one_processor(
         tracing.disable()
         tracing.disable()
         assert ProcessSandboxProvider.__dict__["create"] is original
-        assert first.enabled is False
+        assert first.processor.enabled is False
         with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("off"):
             pass
-        assert tracing.enable(global_tracer_provider) is first
-        assert first.enabled is True
+        third = tracing.enable(global_tracer_provider)
+        assert third.processor is first.processor
+        assert first.processor.enabled is True
     finally:
         tracing.disable()
     processors = span_processors(global_tracer_provider)
@@ -433,10 +438,11 @@ async def test_enable_disable_cycle_reuses_one_processor(
 
 
 def test_enable_with_proxy_provider_still_auto_traces() -> None:
-    """With the API's proxy provider enable() returns None and still traces bundled classes."""
+    """With the API's proxy provider enable() has no processor and still traces bundled
+    classes."""
     original = ProcessSandboxProvider.__dict__["create"]
     try:
-        assert tracing.enable(ProxyTracerProvider()) is None
+        assert tracing.enable(ProxyTracerProvider()).processor is None
         assert ProcessSandboxProvider.__dict__["create"] is not original
     finally:
         tracing.disable()
