@@ -56,14 +56,16 @@ def sandbox_key(handle: object) -> SandboxKey:
 class SandboxEntry:
     """What the state knows about one sandbox.
 
-    ``identity`` and ``provider_id`` are set by a traced create and dropped by its close;
-    ``sampler`` is the one sampler that owns the sandbox's samples, from its ``start()`` to
-    the end of its ``stop()``. The entry lives while either is set.
+    ``identity`` and ``provider_id`` are set by a traced create and dropped by its close,
+    with ``allocation``, the task reading the allocation record; ``sampler`` is the one
+    sampler that owns the sandbox's samples, from its ``start()`` to the end of its
+    ``stop()``. The entry lives while ``identity`` or ``sampler`` is set.
     """
 
     identity: dict[str, Attribute] | None = None
     provider_id: int | None = None
     sampler: _Stoppable | None = None
+    allocation: asyncio.Task[Any] | None = None
 
 
 class SandboxRegistry:
@@ -97,6 +99,7 @@ class SandboxRegistry:
             return
         entry.identity = None
         entry.provider_id = None
+        entry.allocation = None
         if entry.sampler is None:
             del self._entries[key]
 

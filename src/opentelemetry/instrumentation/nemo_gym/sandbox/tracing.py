@@ -223,14 +223,14 @@ def _start_resource_records(
             PROVIDER: attributes[PROVIDER],
             SANDBOX_ID: str(handle.sandbox_id),
         }
-        state.registry.remember(sandbox_key(handle), identity, id(provider))
+        entry = state.registry.remember(sandbox_key(handle), identity, id(provider))
         # Nobody would see the records: skip the provider calls that produce them.
         if not isinstance(provider, ResourceProvider) or not state.exporting():
             return
         with state.active():
             sampler = ResourceSampler(provider, handle, identity, state.sampling_interval())
         sampler.start()
-        state.spawn(
+        entry.allocation = state.spawn(
             sampler.record("allocation"), f"nemo-gym sandbox allocation {handle.sandbox_id}"
         )
     except Exception as exc:  # noqa: BLE001 - telemetry must not fail a created sandbox
@@ -273,25 +273,34 @@ def _describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
 
 
 def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asyncio.Task[Any]]:
-    """Forget these sandboxes and stop their samplers in the background; the stops' tasks."""
-    stopping = []
+    """Forget these sandboxes and stop their samplers in the background.
+
+    Returns the records still running for them (final samples, an allocation read not yet
+    answered): the close waits for them a little, so they still see the sandbox alive.
+    """
+    pending = []
     for key in keys:
         entry = state.registry.get(key)
-        sampler = None if entry is None else entry.sampler
+        if entry is None:
+            continue
+        sampler, allocation = entry.sampler, entry.allocation
         state.registry.forget(key)
+        if allocation is not None and not allocation.done():
+            pending.append(allocation)
         if sampler is not None:
-            stopping.append(state.spawn(sampler.stop(), f"nemo-gym sandbox final {key[1]}"))
-    return stopping
+            pending.append(state.spawn(sampler.stop(), f"nemo-gym sandbox final {key[1]}"))
+    return pending
 
 
 async def _traced_close(
     state: SandboxState, provider: object, handle: Any, call: Callable[[], Awaitable[_T]]
 ) -> _T:
-    """Stop the sandbox's sampler, giving its final sample at most ``FINAL_SAMPLE_GRACE_S``
-    to see the sandbox alive, then run the provider's close inside a ``sandbox.close`` span.
+    """Stop the sandbox's sampler, giving its final sample (and an allocation read still in
+    flight) at most ``FINAL_SAMPLE_GRACE_S`` to see the sandbox alive, then run the
+    provider's close inside a ``sandbox.close`` span.
 
-    The provider's close is called whatever the final sample does (hangs, fails); the sample
-    then finishes beside it, bounded by its own timeout. Cancelling the caller propagates.
+    The provider's close is called whatever the records do (hang, fail); they then finish
+    beside it, bounded by their own timeouts. Cancelling the caller propagates.
     """
     if _TRACING.get() == id(provider):
         return await call()
