@@ -5,10 +5,12 @@ Three layers: the value types a provider returns (``ResourceDesignator``,
 ``_allocation`` and exported here); pure functions that turn them and a ``SandboxSpec`` into
 span attributes (no I/O, no OpenTelemetry); and the edge that emits them,
 ``ResourceSampler``, whose records are short ``sandbox.resources`` spans parented to the
-context the sandbox was created in.
+context the sandbox was created in, on the tracer of the sandbox state current then
+(``_state``: the instrumentor's tracer provider, else the global one).
 
 Records are best effort: a provider that raises or hangs still yields a record, carrying
-``resource.error``, and its exception never reaches the caller.
+``resource.error`` (the exception's type, never its text), and its exception never reaches
+the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
 """
 
 from __future__ import annotations
