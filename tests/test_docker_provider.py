@@ -361,42 +361,70 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
 
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.5")
-    traced = traced_provider(provider)
-    handle = await traced.create(spec(resources={"cpu": 0.5, "memory_mib": 64}))
-    try:
-        busy = await traced.exec(handle, "while :; do :; done", timeout_s=3)
-        assert busy.error_type == "timeout"
-        # The engine's own figures, to know whether it counts quota periods at all.
+    cpu_key = PREFIX + "usage.cpu.time_s"
+    throttled_key = PREFIX + "usage.cpu.throttled_s"
+
+    def answered() -> list[ReadableSpan]:
+        # A periodic record that close() cancels mid-call carries no answer; skip such records.
+        return [
+            s
+            for s in records(span_exporter)
+            if cpu_key in (s.attributes or {})
+            and not (s.attributes or {})[PREFIX + "resource.final"]
+        ]
+
+    async def periods_counted() -> bool:
+        # The engine's own figures: Podman 4 on cgroup v1 sends zero quota periods always.
         _, raw = await asyncio.to_thread(
             engine, "GET", f"/v1.41/containers/{handle.sandbox_id}/stats?stream=false&one-shot=true"
         )
-        throttling_counted = raw["cpu_stats"]["throttling_data"].get("periods", 0) > 0
+        return bool(raw["cpu_stats"]["throttling_data"].get("periods", 0) > 0)
+
+    traced = traced_provider(provider)
+    handle = await traced.create(spec(resources={"cpu": 0.5, "memory_mib": 64}))
+    try:
+        burner = await traced.exec(handle, "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!")
+        # Wait on the condition, bounded generously (a loaded machine may give the burner
+        # less than its quota for a while): five answered samples, and a throttled one
+        # where the engine counts quota periods at all.
+        counted = True
+        for _ in range(1200):
+            got = answered()
+            if len(got) >= 5:
+                if any(((s.attributes or {}).get(throttled_key) or 0) > 0 for s in got):
+                    break
+                counted = await periods_counted()
+                if not counted:
+                    break
+            await asyncio.sleep(0.1)
+        await traced.exec(handle, f"kill -9 {(burner.stdout or '').strip()}")
     finally:
         await traced.close(handle)
-    spans = records(span_exporter)
-    samples = [s.attributes or {} for s in spans]
-    kinds = [a[PREFIX + "resource.kind"] for a in samples]
-    assert kinds[0] == "allocation"
-    assert kinds.count("sample") >= 4
-    assert samples[0][PREFIX + "allocation.component.container.limits.cpu"] == 0.5
-    assert samples[-1][PREFIX + "resource.final"] is True
-    cpu_key = PREFIX + "usage.cpu.time_s"
-    # A periodic record that close() cancels mid-call carries no answer; skip such records.
-    answered = [s for s in spans[1:] if cpu_key in (s.attributes or {})]
-    assert len(answered) >= 4
-    timed = [(s.start_time or 0, (s.attributes or {})[cpu_key]) for s in answered]
+    # The allocation record runs beside the samples, so it may end after the first of them.
+    every = records(span_exporter)
+    (allocation,) = [
+        s.attributes or {}
+        for s in every
+        if (s.attributes or {})[PREFIX + "resource.kind"] == "allocation"
+    ]
+    assert PREFIX + "resource.error" not in allocation
+    assert allocation[PREFIX + "allocation.component.container.limits.cpu"] == 0.5
+    finals = [s for s in every if (s.attributes or {})[PREFIX + "resource.final"]]
+    assert len(finals) == 1
+    got = answered()
+    assert len(got) >= 5
+    timed = [(s.start_time or 0, (s.attributes or {})[cpu_key]) for s in got]
     cpu = [c for _, c in timed]
     assert cpu == sorted(cpu)
-    # Busy for 3 s under a 0.5-core limit on an otherwise idle machine: about half a
-    # core-second per second, never the full core the loop would take unthrottled.
+    # Never the full core the loop would take unthrottled: at most half a core-second per
+    # second (with room for the jitter of when each stats answer was read).
     rate = (timed[-1][1] - timed[0][1]) / ((timed[-1][0] - timed[0][0]) / 1e9)
-    assert 0.3 < rate < 0.7, timed
+    assert 0 < rate < 0.7, timed
     # Throttled time is the engine's figure when it counts quota periods, absent otherwise
     # (Podman 4 on cgroup v1 sends zeros); never an invented 0.
-    throttled = [(s.attributes or {}).get(PREFIX + "usage.cpu.throttled_s") for s in answered]
-    if throttling_counted:
-        assert throttled[-1] is not None
-        assert throttled[-1] > 0.5
+    throttled = [(s.attributes or {}).get(throttled_key) for s in got]
+    if counted:
+        assert any((t or 0) > 0 for t in throttled)
     else:
         assert throttled == [None] * len(throttled)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -242,10 +241,13 @@ async def test_resource_sampler_samples_at_interval_then_one_final(
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.1)
     sampler.start()
     assert sampler.task is not None
-    await asyncio.sleep(0.35)
-    periodic = len(records(exporter))
-    assert 2 <= periodic <= 4
+    for _ in range(600):  # bounded: wait on the condition, not on the clock
+        if len(records(exporter)) >= 3:
+            break
+        await asyncio.sleep(0.05)
     await sampler.stop()
+    periodic = len([r for r in records(exporter) if not attrs(r)[PREFIX + "resource.final"]])
+    assert periodic >= 3
     await sampler.stop()
     got = records(exporter)
     assert len(got) == periodic + 1
@@ -253,7 +255,9 @@ async def test_resource_sampler_samples_at_interval_then_one_final(
     for span in got:
         assert attrs(span)[PREFIX + "resource.kind"] == "sample"
         assert attrs(span)[PREFIX + "id"] == "sbx-1"  # the identity wins over the provider
-        assert PREFIX + "usage.pids" in attrs(span)
+        # A record stop() cut short (same loop turn as a due sample) says so instead.
+        answered = PREFIX + "usage.pids" in attrs(span)
+        assert answered or attrs(span)[PREFIX + "resource.error"] == "CancelledError"
     assert sampler.task is not None
     assert sampler.task.done()
     await asyncio.sleep(0.25)
@@ -288,9 +292,8 @@ async def test_resource_sampler_hanging_provider_does_not_delay_stop(
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.2)
     sampler.start()
     await asyncio.sleep(0.3)
-    started = time.monotonic()
-    await sampler.stop()
-    assert time.monotonic() - started < 1.0
+    # Bounded by the 0.2 s provider timeout; the provider itself would hang for an hour.
+    await asyncio.wait_for(sampler.stop(), 5)
     final = records(exporter)[-1]
     assert attrs(final)[PREFIX + "resource.final"] is True
     assert attrs(final)[PREFIX + "resource.error"] == "TimeoutError"

@@ -18,6 +18,7 @@ from opentelemetry.trace import ProxyTracerProvider, StatusCode
 from conftest import require_service
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import default_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
@@ -26,10 +27,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
-    _OWNERS,
-    PREFIX,
-)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     SandboxSpanProcessor,
     install_span_processor,
@@ -213,7 +211,7 @@ async def test_traced_provider_records_allocation_samples_and_final(
         assert record.parent.span_id == rollout.get_span_context().span_id
         assert attrs(record)[SANDBOX_ID] == sandbox.sandbox_id
         assert attrs(record)[REQUEST_ID] == attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    assert (process.name, sandbox.sandbox_id) not in default_state().registry
     await asyncio.sleep(0.15)
     assert len(named(exporter, "sandbox.resources")) == len(records)
 
@@ -224,7 +222,9 @@ async def test_traced_provider_no_records_when_nothing_exported(
     """With the API's proxy provider no sampler runs and no resource record is attempted."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    entry = default_state().registry.get((process.name, sandbox.sandbox_id))
+    assert entry is not None
+    assert entry.sampler is None
     await provider.close(sandbox)
     assert span_exporter.get_finished_spans() == ()
 
@@ -354,44 +354,58 @@ async def test_traced_provider_aclose_stops_unclosed_samplers(
     """aclose() records the final sample of sandboxes that were never closed."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    assert (process.name, sandbox.sandbox_id) in _OWNERS
+    key = (process.name, sandbox.sandbox_id)
+    entry = default_state().registry.get(key)
+    assert entry is not None
+    assert entry.sampler is not None
     await provider.aclose()
-    assert (process.name, sandbox.sandbox_id) not in _OWNERS
+    assert key not in default_state().registry
     finals = [
         r for r in named(exporter, "sandbox.resources") if attrs(r)[PREFIX + "resource.final"]
     ]
     assert len(finals) == 1
-    assert sandbox.sandbox_id not in {k[1] for k in tracing._SANDBOXES}
 
 
 async def test_traced_cgroup_sandbox_records_throttling_and_oom(
     exporter: InMemorySpanExporter,
 ) -> None:
-    """Under 0.5 CPU and 48 MiB, samples show throttling while a CPU-bound command runs, and
-    after a memory hog is OOM-killed the final record shows the kill and the peak."""
+    """Under 0.5 CPU and 48 MiB, periodic samples show throttling while CPU-bound commands
+    run, and after a memory hog is OOM-killed the final record shows the kill and the peak."""
     inner = ProcessSandboxProvider()
     require_service(inner.cgroup_version is not None, "no writable cgroup hierarchy")
     provider = traced_provider(inner)
+    throttled_key = PREFIX + "usage.cpu.throttled_s"
+
+    def throttled_samples() -> list[ReadableSpan]:
+        return [
+            r
+            for r in named(exporter, "sandbox.resources")
+            if attrs(r).get(throttled_key, 0) > 0 and not attrs(r)[PREFIX + "resource.final"]
+        ]
+
     try:
         sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5, "memory_mib": 48}))
-        loop = "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"
-        burn = f"{sys.executable} -c '{loop}'"
-        await provider.exec(sandbox, burn, timeout_s=10)
+        burn = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $! >> burners.pid; "
+        await provider.exec(sandbox, burn + burn)
+        # Wait on the condition, bounded generously: on a loaded machine the burners may stay
+        # under their quota for a long while before the kernel throttles them.
+        for _ in range(1200):
+            if throttled_samples():
+                break
+            await asyncio.sleep(0.1)
+        await provider.exec(sandbox, "kill -9 $(cat burners.pid)")
         hog = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
-        result = await provider.exec(sandbox, hog, timeout_s=20)
+        result = await provider.exec(sandbox, hog, timeout_s=60)
         assert result.error_type == "oom_kill"
         await provider.close(sandbox)
     finally:
         await provider.aclose()
+    assert throttled_samples()
     records = named(exporter, "sandbox.resources")
-    allocation = attrs(records[0])
-    assert allocation[PREFIX + "allocation.component.sandbox.limits.cpu"] == 0.5
-    assert allocation[PREFIX + "allocation.component.sandbox.limits.memory_mib"] == 48
-    samples = [attrs(r) for r in records[1:]]
-    periodic = [s for s in samples if not s[PREFIX + "resource.final"]]
-    assert any(s[PREFIX + "usage.cpu.throttled_s"] > 0 for s in periodic)
-    final = samples[-1]
-    assert final[PREFIX + "resource.final"] is True
+    (allocation,) = [r for r in records if attrs(r)[PREFIX + "resource.kind"] == "allocation"]
+    assert attrs(allocation)[PREFIX + "allocation.component.sandbox.limits.cpu"] == 0.5
+    assert attrs(allocation)[PREFIX + "allocation.component.sandbox.limits.memory_mib"] == 48
+    (final,) = [attrs(r) for r in records if attrs(r)[PREFIX + "resource.final"]]
     assert final[PREFIX + "usage.oom_kills"] >= 1
     assert final[PREFIX + "usage.memory_peak_mib"] <= 48
     assert str(final[PREFIX + "usage.source"]).startswith("cgroup.v")
@@ -408,8 +422,10 @@ async def test_enable_disable_cycle_reuses_one_processor(
     original = ProcessSandboxProvider.__dict__["create"]
     first = tracing.enable(global_tracer_provider)
     try:
-        assert first is not None
-        assert tracing.enable(global_tracer_provider) is first
+        assert first.processor is not None
+        second = tracing.enable(global_tracer_provider)
+        assert second.processor is first.processor
+        assert ProcessSandboxProvider.__dict__["create"].__wrapped__ is original
         plain = ProcessSandboxProvider(cgroups=False)
         sandbox = await plain.create(SandboxSpec())
         with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("inside"):
@@ -418,11 +434,12 @@ async def test_enable_disable_cycle_reuses_one_processor(
         tracing.disable()
         tracing.disable()
         assert ProcessSandboxProvider.__dict__["create"] is original
-        assert first.enabled is False
+        assert first.processor.enabled is False
         with sandbox_scope(sandbox), trace.get_tracer("user").start_as_current_span("off"):
             pass
-        assert tracing.enable(global_tracer_provider) is first
-        assert first.enabled is True
+        third = tracing.enable(global_tracer_provider)
+        assert third.processor is first.processor
+        assert first.processor.enabled is True
     finally:
         tracing.disable()
     processors = span_processors(global_tracer_provider)
@@ -433,10 +450,11 @@ async def test_enable_disable_cycle_reuses_one_processor(
 
 
 def test_enable_with_proxy_provider_still_auto_traces() -> None:
-    """With the API's proxy provider enable() returns None and still traces bundled classes."""
+    """With the API's proxy provider enable() has no processor and still traces bundled
+    classes."""
     original = ProcessSandboxProvider.__dict__["create"]
     try:
-        assert tracing.enable(ProxyTracerProvider()) is None
+        assert tracing.enable(ProxyTracerProvider()).processor is None
         assert ProcessSandboxProvider.__dict__["create"] is not original
     finally:
         tracing.disable()

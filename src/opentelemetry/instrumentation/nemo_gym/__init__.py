@@ -170,8 +170,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     @staticmethod
     def _instrument_sandbox(tracer_provider: trace.TracerProvider | None) -> None:
-        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        _sandbox_tracing.enable(provider)
+        # None keeps the global provider, looked up at each use (it may be set later).
+        _sandbox_tracing.enable(
+            tracer_provider,
+            interval_s=_settings.sandbox_resource_interval(),
+            instrumentation_version=__version__,
+        )
 
     def _uninstrument(self, **kwargs: Any) -> None:
         try:

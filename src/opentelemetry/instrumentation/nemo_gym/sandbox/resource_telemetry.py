@@ -5,38 +5,42 @@ Three layers: the value types a provider returns (``ResourceDesignator``,
 ``_allocation`` and exported here); pure functions that turn them and a ``SandboxSpec`` into
 span attributes (no I/O, no OpenTelemetry); and the edge that emits them,
 ``ResourceSampler``, whose records are short ``sandbox.resources`` spans parented to the
-context the sandbox was created in.
+context the sandbox was created in, on the tracer of the sandbox state current then
+(``_state``: the instrumentor's tracer provider, else the global one).
 
 Records are best effort: a provider that raises or hangs still yields a record, carrying
-``resource.error``, and its exception never reaches the caller.
+``resource.error`` (the exception's type, never its text), and its exception never reaches
+the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from opentelemetry import context, trace
+from opentelemetry import context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
+    PREFIX,
     Attribute,
     ComponentAllocation,
     ResourceAllocation,
     ResourceDesignator,
     ResourceProvider,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxResourceAmounts,
     SandboxResources,
     SandboxSpec,
 )
-from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = [
     "PREFIX",
@@ -56,18 +60,19 @@ __all__ = [
 
 LOGGER = logging.getLogger(__name__)
 
-PREFIX = "nemo.gym.sandbox."
-
 # --- attribute building: pure functions, no I/O, no OpenTelemetry -------------------------
 
 _QUANTITIES = ("cpu", "memory_mib", "disk_gib", "gpu")
 
 RECORD_SPAN_NAME = "sandbox.resources"
-_SCOPE = "opentelemetry.instrumentation.nemo_gym"
 
-# The longest one provider call may take inside a record. A sampler uses the shorter of this
-# and its interval, so a hung provider delays neither the next sample nor ``stop()`` by more.
+# The longest one provider call may take inside a record. The one-off allocation read gets all
+# of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
+# provider delays neither the next sample nor ``stop()`` by more.
 PROVIDER_CALL_TIMEOUT_S = 5.0
+
+# The largest integer a span attribute can carry (signed 64-bit).
+_MAX_INT = (1 << 63) - 1
 
 
 def _string_array(values: Sequence[str]) -> Attribute:
@@ -184,18 +189,38 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
     return attributes
 
 
+def _clean_number(value: int | float) -> bool:
+    """Whether a sample's number can be a usage figure: finite, not negative, 64-bit."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return 0 <= value <= _MAX_INT
+
+
 def _sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
-    """A provider's sample with every key under ``PREFIX``; values that no span can carry
-    are dropped (and logged once)."""
+    """A provider's sample with every key under ``PREFIX``.
+
+    Values no span can carry, and numbers that cannot be usage (NaN, infinite, negative, or
+    beyond 64 bits), are dropped and logged once per key: a broken reading is absent, never
+    exported.
+    """
     attributes: dict[str, Attribute] = {}
     for key, value in sample.items():
+        if not isinstance(key, str):
+            log_once(("sample-key", type(key).__name__), "dropping a sample key that is no string")
+            continue
         name = key if key.startswith(PREFIX) else PREFIX + key
-        if isinstance(value, str | int | float | bool):
+        if isinstance(value, int | float) and not _clean_number(value):
+            log_once(
+                ("sample-number", name), "dropping sample value %s: %r is not usage", name, value
+            )
+        elif isinstance(value, str | int | float | bool):
             attributes[name] = value
         elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
             attributes[name] = _string_array(cast(Sequence[str], value))
         else:
-            _log_once(
+            log_once(
                 ("sample-value", name),
                 "dropping sample value %s of type %s",
                 name,
@@ -206,32 +231,16 @@ def _sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
 
 # --- the edge: records as spans, and the sampler -------------------------------------------
 
-_FAILURES = OnceLog(LOGGER, repeats_at_debug=True)
-
-
-def _log_once(key: tuple[str, ...], message: str, *args: object) -> None:
-    """Log a telemetry failure at warning level the first time ``key`` is seen, then at debug."""
-    _FAILURES(key, logging.WARNING, message, *args)
-
 
 def sampling_interval() -> float:
     """Return zero unless resource traces are enabled, including an actual exporter.
 
-    Positive only when ``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL`` is positive and the
-    global tracer provider is an SDK provider, not disabled, with at least one span processor
-    besides our own (which only decorates spans and sends nothing anywhere).
+    Positive only when the sampling interval (the instrumentor's, or
+    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL``) is positive and the tracer provider
+    (the instrumentor's, or the global one) is an SDK provider, not disabled, with at least
+    one span processor besides our own (which only decorates spans and sends nothing).
     """
-    interval = _settings.sandbox_resource_interval()
-    if interval <= 0:
-        return 0.0
-    # Imported here: tracing builds on this module, so a top-level import would be circular.
-    from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
-        SandboxSpanProcessor,
-    )
-
-    if not _exporting.traces_exported(ignore=(SandboxSpanProcessor,)):
-        return 0.0
-    return interval
+    return current_state().sampling_interval()
 
 
 _T = TypeVar("_T")
@@ -266,21 +275,33 @@ async def _bounded(call: Awaitable[_T], timeout: float) -> _T:  # noqa: ASYNC109
     return task.result()
 
 
-# Sandboxes with a sampling owner in this process, keyed by (provider name, sandbox id).
-_OWNERS: dict[tuple[str, str], ResourceSampler] = {}
+def _checked_interval(interval: object) -> float:
+    """``interval`` as seconds, or ``ValueError`` naming the field and the value."""
+    try:
+        seconds = float(interval)  # type: ignore[arg-type]  # anything float() takes
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(interval, bool) or not (0 <= seconds < math.inf):
+        raise ValueError(
+            f"resource sampler interval={interval!r} must be a finite number of seconds >= 0"
+        )
+    return seconds
 
 
 class ResourceSampler:
     """One owner samples a sandbox; borrowed connections do not start duplicate samplers.
 
     Construct it where the sandbox is created: its records are parented to the context
-    current at construction. ``start()`` claims the sandbox for this sampler (unless another
-    sampler in the process already owns it) and, when ``interval > 0``, starts a task on the
-    running loop that records a ``sample`` every ``interval`` seconds. ``stop()`` ends the
-    task and, for the owner, records one last sample with ``resource.final = true``. Both are
-    idempotent and bounded in time: every provider call is abandoned after
-    ``min(interval, PROVIDER_CALL_TIMEOUT_S)`` seconds. Nothing here raises a provider's
-    exception; ``asyncio.CancelledError`` propagates.
+    current at construction, and go to the sandbox state current then (the instrumentor's
+    tracer provider, or the global one without an instrumentor). ``start()`` claims the
+    sandbox for this sampler (unless another sampler of that state already owns it) and, when
+    ``interval > 0``, starts a task on the running loop that records a ``sample`` every
+    ``interval`` seconds. ``stop()`` ends the task and, for the owner, records one last
+    sample with ``resource.final = true``. Both are idempotent and bounded in time: the
+    allocation read is abandoned after ``PROVIDER_CALL_TIMEOUT_S`` seconds, a sample after
+    ``min(interval, PROVIDER_CALL_TIMEOUT_S)``. Nothing here raises a provider's exception;
+    ``asyncio.CancelledError`` propagates. ``interval`` that is not a finite number >= 0
+    raises ``ValueError`` naming it.
     """
 
     def __init__(
@@ -290,9 +311,7 @@ class ResourceSampler:
         attributes: Mapping[str, Attribute],
         interval: float,
     ) -> None:
-        interval = float(interval)
-        if interval != interval:
-            raise ValueError(f"resource sampler interval={interval!r} must be a number")
+        interval = _checked_interval(interval)
         self.attributes: dict[str, Attribute] = dict(attributes)
         self.task: asyncio.Task[None] | None = None
         self._provider = provider
@@ -301,33 +320,41 @@ class ResourceSampler:
         self._timeout = (
             min(interval, PROVIDER_CALL_TIMEOUT_S) if interval > 0 else PROVIDER_CALL_TIMEOUT_S
         )
+        self._state = current_state()
         self._context = context.get_current()
         self._key = (str(handle.provider_name), str(handle.sandbox_id))
         self._started = False
         self._stopped = False
         self._owner = False
+        self._stopping: asyncio.Task[None] | None = None
 
     async def record(self, kind: str, final: bool = False) -> None:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
 
         The span carries the identity attributes, ``resource.kind``, ``resource.final`` and
         the provider's answer; when the provider raises or times out it carries
-        ``resource.error`` (the exception's type name) instead, and nothing is raised. An
-        unknown ``kind`` raises ``ValueError``.
+        ``resource.error`` (the exception's type name) instead, and nothing is raised. Inside
+        OpenTelemetry's ``suppress_instrumentation`` nothing is read or recorded. An unknown
+        ``kind`` raises ``ValueError``.
         """
         if kind == "allocation":
             call: Any = self._provider.resource_allocation
+            timeout = PROVIDER_CALL_TIMEOUT_S
         elif kind == "sample":
             call = self._provider.resource_sample
+            timeout = self._timeout
         else:
             raise ValueError(f"resource record kind={kind!r} must be 'allocation' or 'sample'")
+        if not is_instrumentation_enabled():
+            return
         start: dict[str, Attribute] = dict(self.attributes)
         start[PREFIX + "resource.kind"] = kind
         start[PREFIX + "resource.final"] = bool(final)
-        tracer = trace.get_tracer(_SCOPE, __version__)
-        span = tracer.start_span(RECORD_SPAN_NAME, context=self._context, attributes=start)
+        span = self._state.tracer.start_span(
+            RECORD_SPAN_NAME, context=self._context, attributes=start
+        )
         try:
-            answer = await _bounded(call(self._handle), self._timeout)
+            answer = await _bounded(call(self._handle), timeout)
             if kind == "allocation":
                 data = allocation_attributes(answer)
             else:
@@ -341,13 +368,7 @@ class ResourceSampler:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed provider call is part of the record
             span.set_attribute(PREFIX + "resource.error", type(exc).__name__)
-            _log_once(
-                ("record", self._key[0], kind, type(exc).__name__),
-                "sandbox resource %s record for provider %s failed: %r",
-                kind,
-                self._key[0],
-                exc,
-            )
+            log_failure(f"sandbox resource {kind} record", exc, self._key[0])
         finally:
             span.end()
 
@@ -362,14 +383,14 @@ class ResourceSampler:
     def start(self) -> None:
         """Claim the sandbox and begin periodic samples; a no-op after the first call.
 
-        A second sampler for a sandbox that already has an owner in this process starts no
-        task and records no final sample. With ``interval <= 0`` the owner starts no task but
-        still records the final sample on ``stop()``. Must be called on the event loop thread.
+        A second sampler for a sandbox that already has an owner starts no task and records
+        no final sample. With ``interval <= 0`` the owner starts no task but still records
+        the final sample on ``stop()``. Must be called on the event loop thread.
         """
         if self._started or self._stopped:
             return
         self._started = True
-        if _OWNERS.setdefault(self._key, self) is not self:
+        if not self._state.registry.claim(self._key, self):
             return
         self._owner = True
         if self._interval <= 0:
@@ -377,7 +398,7 @@ class ResourceSampler:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            _log_once(("no-loop",), "ResourceSampler.start() outside an event loop: no samples")
+            log_once(("no-loop",), "ResourceSampler.start() outside an event loop: no samples")
             return
         self.task = loop.create_task(
             self.run(), name=f"nemo-gym sandbox sampler {self._key[0]}/{self._key[1]}"
@@ -387,20 +408,29 @@ class ResourceSampler:
         """End the periodic task and, for the owner, record the final sample; idempotent.
 
         Returns within about ``min(interval, PROVIDER_CALL_TIMEOUT_S)`` seconds however the
-        provider behaves, and releases the sandbox so a later sampler may own it.
+        provider behaves, and releases the sandbox so a later sampler may own it. The work
+        runs in a task of its own: cancelling a ``stop()`` cancels only the wait (the
+        cancellation propagates), the stop still completes and releases the sandbox, and a
+        retried ``stop()`` waits for that same stop.
         """
-        if self._stopped:
-            return
         self._stopped = True
-        task = self.task
-        if task is not None and not task.done():
-            task.cancel()
-            # run() only awaits sleep() and bounded provider calls, so this ends promptly.
-            await asyncio.wait((task,))
-        if not self._owner:
-            return
+        if self._stopping is None:
+            if not self._owner and self.task is None:
+                return
+            self._stopping = asyncio.get_running_loop().create_task(
+                self._stop(), name=f"nemo-gym sandbox sampler stop {self._key[1]}"
+            )
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         try:
-            await self.record("sample", final=True)
+            task = self.task
+            if task is not None and not task.done():
+                task.cancel()
+                # run() only awaits sleep() and bounded provider calls, so this ends promptly.
+                await asyncio.wait((task,))
+            if self._owner:
+                await self.record("sample", final=True)
         finally:
-            if _OWNERS.get(self._key) is self:
-                del _OWNERS[self._key]
+            if self._owner:
+                self._state.registry.release(self._key, self)

@@ -1,50 +1,59 @@
-"""Traced sandbox providers, sandbox scopes, and the span processor that stamps them.
+"""Traced sandbox providers, sandbox scopes, and turning sandbox tracing on and off.
 
 ``traced_provider(provider)`` wraps any object of the ``SandboxProvider`` shape (ours or
 nemo_gym's, duck-typed) so that each lifecycle call is a span (``sandbox.create``,
 ``sandbox.exec``, ``sandbox.upload``, ``sandbox.download``, ``sandbox.close``) carrying the
 sandbox's identity: ``request.id``, ``provider`` and ``id`` under ``PREFIX``. Create records
-the request before provisioning, then the allocation (for a ``ResourceProvider``) and starts
-the ``ResourceSampler``; close stops it first, so the final sample still sees the sandbox.
-Exec spans record the return code and never the command text.
+the request before provisioning; once the provider has answered, the allocation record (for a
+``ResourceProvider``) and the ``ResourceSampler`` run beside the caller, never in front of it.
+Close gives the final sample a short head start (``FINAL_SAMPLE_GRACE_S``) so it still sees
+the sandbox, then calls the provider's close whatever the sample does. Exec spans record the
+return code and never the command text; a failed call's span records the exception's type,
+never its message (which may hold commands, environments or options).
 
-``set_auto_trace(True)`` applies the same tracing to the bundled provider classes, so plain
-``ProcessSandboxProvider()`` objects are traced without wrapping; ``sandbox_scope(handle)``
-marks user code as running for a sandbox, and ``SandboxSpanProcessor`` copies the identity
-onto every span started inside such a scope (both live in ``_scope`` and are exported here).
+Every call belongs to a ``SandboxState`` (``_state``): the one given to ``traced_provider``,
+else the instrumentor's, else the default over the global tracer provider. ``enable()`` makes
+the instrumentor's state: the stamping span processor on its tracer provider and the bundled
+provider classes traced (``set_auto_trace``); ``disable()`` undoes both. The traced calls
+themselves, shared by wrappers and auto-traced classes, live in ``_calls``.
 
 Telemetry never changes a provider's behaviour: its results and exceptions pass through
-unchanged, failures of ours are logged once and swallowed, cancellation propagates.
+unchanged, failures of ours are logged once and swallowed, cancellation propagates. Inside
+OpenTelemetry's ``suppress_instrumentation`` calls pass straight through.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import uuid
-import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import wrapt
 from opentelemetry import trace
-from opentelemetry.instrumentation.utils import unwrap
 
-from opentelemetry.instrumentation.nemo_gym import _exporting
-from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
-    _SANDBOXES,
-    PROVIDER,
-    REQUEST_ID,
-    SANDBOX_ID,
-    SandboxSpanProcessor,
-    _key,
-    _provider_name,
-    _Sandbox,
-    install_span_processor,
+from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
+from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
+    FINAL_SAMPLE_GRACE_S,
+    describe_exec,
+    provider_name,
     sandbox_identity,
     sandbox_scope,
+    traced_aclose,
+    traced_call,
+    traced_close,
+    traced_create,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
+    SandboxSpanProcessor,
+    install_span_processor,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
+    SandboxState,
+    current_state,
+    install,
+    installed_state,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxExecResult,
@@ -52,19 +61,11 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxSpec,
     SandboxStatus,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
-    PREFIX,
-    Attribute,
-    ResourceProvider,
-    ResourceSampler,
-    _log_once,
-    record_request,
-    sampling_interval,
-)
-from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = [
+    "FINAL_SAMPLE_GRACE_S",
     "SandboxSpanProcessor",
+    "SandboxState",
     "TracedSandboxProvider",
     "disable",
     "enable",
@@ -77,152 +78,6 @@ __all__ = [
 
 LOGGER = logging.getLogger(__name__)
 
-_SCOPE = "opentelemetry.instrumentation.nemo_gym"
-EXEC_RETURN_CODE = PREFIX + "exec.return_code"
-EXEC_ERROR_TYPE = PREFIX + "exec.error_type"
-
-_T = TypeVar("_T")
-
-
-# The provider object whose call is being traced right now. A call into the same object
-# while it is set (a traced_provider() wrapper around an auto-traced class) passes straight
-# through, so one call never makes two spans.
-_TRACING: ContextVar[int | None] = ContextVar("nemo_gym_sandbox_tracing", default=None)
-
-
-def _tracer() -> trace.Tracer:
-    return trace.get_tracer(_SCOPE, __version__)
-
-
-# --- the traced calls, shared by traced_provider() and the auto-traced classes -------------
-
-
-async def _traced_create(provider: object, call: Callable[[], Awaitable[_T]], spec: Any) -> _T:
-    """Run ``call`` (the provider's create) inside a ``sandbox.create`` span."""
-    if _TRACING.get() == id(provider):
-        return await call()
-    name = _provider_name(provider)
-    try:
-        attributes = record_request(spec, {PROVIDER: name})
-    except Exception as exc:  # noqa: BLE001 - a spec we cannot describe still gets an identity
-        _log_once(("request", name, type(exc).__name__), "cannot describe sandbox spec: %r", exc)
-        attributes = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    token = _TRACING.set(id(provider))
-    try:
-        with _tracer().start_as_current_span("sandbox.create", attributes=attributes) as span:
-            handle = await call()
-            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
-    finally:
-        _TRACING.reset(token)
-    # Outside the create span: the sampler's records belong to the caller's context, and the
-    # guard above is reset so tasks started here do not inherit it.
-    await _start_resource_records(provider, handle, attributes)
-    return handle
-
-
-async def _start_resource_records(
-    provider: object, handle: Any, attributes: Mapping[str, Attribute]
-) -> None:
-    try:
-        identity: dict[str, Attribute] = {
-            REQUEST_ID: attributes[REQUEST_ID],
-            PROVIDER: attributes[PROVIDER],
-            SANDBOX_ID: str(handle.sandbox_id),
-        }
-        entry = _Sandbox(identity=identity, provider_id=id(provider))
-        _SANDBOXES[_key(handle)] = entry
-        # Nobody would see the records: skip the provider calls that produce them.
-        if not isinstance(provider, ResourceProvider) or not _exporting.traces_exported(
-            ignore=(SandboxSpanProcessor,)
-        ):
-            return
-        entry.sampler = ResourceSampler(provider, handle, identity, sampling_interval())
-        await entry.sampler.record("allocation")
-        entry.sampler.start()
-    except Exception as exc:  # noqa: BLE001 - telemetry must not fail a created sandbox
-        _log_once(("records", type(exc).__name__), "sandbox resource records failed: %r", exc)
-
-
-async def _traced_call(
-    provider: object,
-    span_name: str,
-    handle: Any,
-    call: Callable[[], Awaitable[_T]],
-    describe: Callable[[_T], dict[str, Attribute]] | None = None,
-) -> _T:
-    """Run ``call`` inside a span named ``span_name`` carrying ``handle``'s identity, plus
-    what ``describe`` says about the result."""
-    if _TRACING.get() == id(provider):
-        return await call()
-    token = _TRACING.set(id(provider))
-    try:
-        with _tracer().start_as_current_span(
-            span_name, attributes=_identity_or_empty(handle)
-        ) as span:
-            result = await call()
-            if describe is not None:
-                try:
-                    span.set_attributes(describe(result))
-                except Exception as exc:  # noqa: BLE001 - an odd result is still returned as is
-                    _log_once(("result", span_name, type(exc).__name__), "odd result: %r", exc)
-            return result
-    finally:
-        _TRACING.reset(token)
-
-
-def _identity_or_empty(handle: Any) -> dict[str, Attribute]:
-    try:
-        return sandbox_identity(handle)
-    except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
-        _log_once(("identity", type(exc).__name__), "cannot read sandbox handle: %r", exc)
-        return {}
-
-
-def _describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
-    """The exec span's outcome: the return code and error type, never the command or output."""
-    described: dict[str, Attribute] = {EXEC_RETURN_CODE: int(result.return_code)}
-    error_type = getattr(result, "error_type", None)
-    if error_type:
-        described[EXEC_ERROR_TYPE] = str(error_type)
-    return described
-
-
-async def _stop_sampler(entry: _Sandbox | None) -> None:
-    if entry is None or entry.sampler is None:
-        return
-    try:
-        await entry.sampler.stop()
-    except Exception as exc:  # noqa: BLE001 - stop() records failures itself; belt and braces
-        _log_once(("stop", type(exc).__name__), "sandbox resource sampler stop failed: %r", exc)
-
-
-async def _traced_close(provider: object, handle: Any, call: Callable[[], Awaitable[_T]]) -> _T:
-    """Inside a ``sandbox.close`` span, stop the sandbox's sampler (recording the final
-    sample while the sandbox still exists), then run the provider's close."""
-    key = _key(handle)
-    entry = _SANDBOXES.get(key)
-
-    async def stop_then_close() -> _T:
-        await _stop_sampler(entry)
-        return await call()
-
-    try:
-        return await _traced_call(provider, "sandbox.close", handle, stop_then_close)
-    finally:
-        if entry is not None and _SANDBOXES.get(key) is entry:
-            del _SANDBOXES[key]
-
-
-async def _traced_aclose(provider: object, call: Callable[[], Awaitable[_T]]) -> _T:
-    """Stop the samplers of this provider's sandboxes that were never closed, then aclose."""
-    if _TRACING.get() != id(provider):
-        for key, entry in list(_SANDBOXES.items()):
-            if entry.provider_id == id(provider):
-                await _stop_sampler(entry)
-                if _SANDBOXES.get(key) is entry:
-                    del _SANDBOXES[key]
-    return await call()
-
 
 class TracedSandboxProvider:
     """A sandbox provider whose lifecycle calls are spans; everything else is delegated.
@@ -230,14 +85,21 @@ class TracedSandboxProvider:
     Results and exceptions of the wrapped provider pass through unchanged. Attributes other
     than the protocol's methods (``resource_allocation``, provider-specific options) are read
     from the wrapped provider, so it still looks like a ``ResourceProvider`` when it is one.
+    Calls belong to ``state`` when given, else to ``current_state()`` at the time of the call.
     """
 
-    def __init__(self, provider: Any) -> None:
+    def __init__(self, provider: Any, state: SandboxState | None = None) -> None:
         self.wrapped = provider
+        self._state = state
 
     @property
     def name(self) -> str:
-        return _provider_name(self.wrapped)
+        return provider_name(self.wrapped)
+
+    @property
+    def state(self) -> SandboxState:
+        """The sandbox state this wrapper's calls belong to right now."""
+        return self._state if self._state is not None else current_state()
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.wrapped, item)
@@ -247,28 +109,41 @@ class TracedSandboxProvider:
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         p = self.wrapped
-        result: SandboxHandle = await _traced_create(p, lambda: p.create(spec), spec)
+        result: SandboxHandle = await traced_create(self.state, p, lambda: p.create(spec), spec)
         return result
 
     async def exec(self, handle: SandboxHandle, command: str, **kwargs: Any) -> SandboxExecResult:
         p = self.wrapped
-        result: SandboxExecResult = await _traced_call(
-            p, "sandbox.exec", handle, lambda: p.exec(handle, command, **kwargs), _describe_exec
+        result: SandboxExecResult = await traced_call(
+            self.state,
+            p,
+            "sandbox.exec",
+            handle,
+            lambda: p.exec(handle, command, **kwargs),
+            describe_exec,
         )
         return result
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         p = self.wrapped
-        await _traced_call(
-            p, "sandbox.upload", handle, lambda: p.upload_file(handle, source_path, target_path)
+        await traced_call(
+            self.state,
+            p,
+            "sandbox.upload",
+            handle,
+            lambda: p.upload_file(handle, source_path, target_path),
         )
 
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path
     ) -> None:
         p = self.wrapped
-        await _traced_call(
-            p, "sandbox.download", handle, lambda: p.download_file(handle, source_path, target_path)
+        await traced_call(
+            self.state,
+            p,
+            "sandbox.download",
+            handle,
+            lambda: p.download_file(handle, source_path, target_path),
         )
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
@@ -277,22 +152,25 @@ class TracedSandboxProvider:
 
     async def close(self, handle: SandboxHandle) -> None:
         p = self.wrapped
-        await _traced_close(p, handle, lambda: p.close(handle))
+        await traced_close(self.state, p, handle, lambda: p.close(handle))
 
     async def aclose(self) -> None:
         p = self.wrapped
-        await _traced_aclose(p, lambda: p.aclose())
+        await traced_aclose(self.state, p, lambda: p.aclose())
 
 
-def traced_provider(provider: Any) -> TracedSandboxProvider:
+def traced_provider(provider: Any, state: SandboxState | None = None) -> TracedSandboxProvider:
     """Wrap ``provider`` (any object of the ``SandboxProvider`` shape) so its calls are traced.
 
-    Wrapping an already wrapped provider returns it unchanged. The wrapper is safe over a
-    bundled provider that ``set_auto_trace(True)`` already traces: each call is traced once.
+    ``state`` fixes the sandbox state the calls belong to; by default each call uses
+    ``current_state()`` (the instrumentor's while instrumented, else the default over the
+    global tracer provider). Wrapping an already wrapped provider returns it unchanged. The
+    wrapper is safe over a bundled provider that ``set_auto_trace(True)`` already traces: each
+    call is traced once.
     """
     if isinstance(provider, TracedSandboxProvider):
         return provider
-    return TracedSandboxProvider(provider)
+    return TracedSandboxProvider(provider, state)
 
 
 # --- auto-tracing the bundled provider classes ----------------------------------------------
@@ -302,7 +180,7 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: s
     return args[index] if len(args) > index else kwargs.get(name)
 
 
-def _class_wrapper(method: str) -> Callable[..., Awaitable[Any]]:
+def _class_wrapper(state: SandboxState, method: str) -> Callable[..., Awaitable[Any]]:
     """A wrapt wrapper that traces ``method`` of a provider class like ``traced_provider``."""
 
     def wrapper(
@@ -315,16 +193,16 @@ def _class_wrapper(method: str) -> Callable[..., Awaitable[Any]]:
             return wrapped(*args, **kwargs)
 
         if method == "create":
-            return _traced_create(instance, call, _argument(args, kwargs, 0, "spec"))
+            return traced_create(state, instance, call, _argument(args, kwargs, 0, "spec"))
         if method == "aclose":
-            return _traced_aclose(instance, call)
+            return traced_aclose(state, instance, call)
         handle = _argument(args, kwargs, 0, "handle")
         if method == "exec":
-            return _traced_call(instance, "sandbox.exec", handle, call, _describe_exec)
+            return traced_call(state, instance, "sandbox.exec", handle, call, describe_exec)
         if method == "close":
-            return _traced_close(instance, handle, call)
+            return traced_close(state, instance, handle, call)
         span_name = "sandbox.upload" if method == "upload_file" else "sandbox.download"
-        return _traced_call(instance, span_name, handle, call)
+        return traced_call(state, instance, span_name, handle, call)
 
     return wrapper
 
@@ -350,59 +228,103 @@ def _bundled_classes() -> list[type]:
     return classes
 
 
-# The classes set_auto_trace(True) wrapped, with the methods it wrapped; each class once.
-_AUTO_TRACED: dict[type, list[str]] = {}
+def _unwrap_exactly(cls: type, method: str, ours: Any) -> None:
+    """Remove our wrapper ``ours`` from ``cls.method``, keeping any wrapper another library
+    put around it later (its ``__wrapped__`` is pointed past ours)."""
+    current: Any = cls.__dict__.get(method)
+    if current is ours:
+        setattr(cls, method, ours.__wrapped__)
+        return
+    node = current
+    while isinstance(node, wrapt.ObjectProxy):
+        inner = node.__wrapped__
+        if inner is ours:
+            node.__wrapped__ = ours.__wrapped__
+            return
+        node = inner
+    LOGGER.debug("%s.%s no longer holds our wrapper; left as is", cls.__name__, method)
 
 
-def set_auto_trace(enabled: bool) -> None:
+def set_auto_trace(enabled: bool, state: SandboxState | None = None) -> None:
     """Trace (``True``) or stop tracing (``False``) every bundled provider class's calls.
 
     While on, ``ProcessSandboxProvider`` and ``DockerSandboxProvider`` objects, whenever they
-    were built, behave as if wrapped by ``traced_provider``. Idempotent; ``False`` restores
-    the classes exactly. Called by the instrumentor on instrument and uninstrument.
+    were built, behave as if wrapped by ``traced_provider`` with ``state`` (default: the
+    current state). Idempotent per state; ``False`` removes exactly that state's wrappers,
+    leaving any another library added. Called by ``enable`` and ``disable``.
     """
-    for cls in _bundled_classes():
-        if enabled and cls not in _AUTO_TRACED:
-            methods = [m for m in _TRACED_METHODS if callable(getattr(cls, m, None))]
-            for method in methods:
-                wrapt.wrap_function_wrapper(cls, method, _class_wrapper(method))
-            _AUTO_TRACED[cls] = methods
-        elif not enabled and cls in _AUTO_TRACED:
-            for method in _AUTO_TRACED.pop(cls):
-                unwrap(cls, method)
+    state = state if state is not None else current_state()
+    if enabled:
+        for cls in _bundled_classes():
+            if cls in state.patched:
+                continue
+            installed: dict[str, Any] = {}
+            for method in _TRACED_METHODS:
+                if callable(getattr(cls, method, None)):
+                    wrapt.wrap_function_wrapper(cls, method, _class_wrapper(state, method))
+                    installed[method] = cls.__dict__[method]
+            state.patched[cls] = installed
+        return
+    for cls, installed in list(state.patched.items()):
+        for method, ours in installed.items():
+            _unwrap_exactly(cls, method, ours)
+        del state.patched[cls]
 
 
 # --- the instrumentor's entry points --------------------------------------------------------
 
-# Our processor on each tracer provider, so that instrument() after uninstrument() re-enables
-# it rather than stacking a second one (the SDK cannot remove processors).
-_PROCESSORS: weakref.WeakKeyDictionary[trace.TracerProvider, SandboxSpanProcessor] = (
-    weakref.WeakKeyDictionary()
-)
+
+def _processor_on(tracer_provider: trace.TracerProvider) -> SandboxSpanProcessor | None:
+    """Our processor on ``tracer_provider``: an earlier one turned back on (the SDK cannot
+    remove processors, so instrument() after uninstrument() must not stack another), else a
+    new one; ``None`` for a provider that cannot take processors."""
+    for processor in span_processors(tracer_provider):
+        if isinstance(processor, SandboxSpanProcessor):
+            processor.enable()
+            return processor
+    return install_span_processor(tracer_provider)
 
 
-def enable(tracer_provider: trace.TracerProvider | None = None) -> SandboxSpanProcessor | None:
-    """Turn sandbox tracing on: the stamping processor on ``tracer_provider`` (default: the
-    global one) and ``set_auto_trace(True)``. Idempotent; what ``instrument()`` calls.
+def enable(
+    tracer_provider: trace.TracerProvider | None = None,
+    *,
+    interval_s: float | None = None,
+    instrumentation_version: str | None = None,
+) -> SandboxState:
+    """Turn sandbox tracing on with a new ``SandboxState``; what ``instrument()`` calls.
 
-    Returns the processor, or ``None`` for a provider that cannot take one (logged at debug
-    level; the bundled providers are still traced).
+    Spans and records go to ``tracer_provider`` (default: the global one, looked up at each
+    use), which also decides whether records are exported; ``interval_s`` is the sampling
+    interval (default: the environment variable, read at each use);
+    ``instrumentation_version`` is the tracer scope's version. Adds the stamping processor
+    (to the global provider as it is now, when none is given; with a provider that cannot
+    take one, logged at debug level and skipped), traces the bundled provider classes, and
+    makes the state current for ``traced_provider`` wrappers and samplers made without one.
+    An earlier enabled state is disabled first. Returns the state.
     """
-    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-    processor = _PROCESSORS.get(provider)
-    if processor is not None:
-        processor.enabled = True
-    else:
-        processor = install_span_processor(provider)
-        if processor is not None:
-            _PROCESSORS[provider] = processor
-    set_auto_trace(True)
-    return processor
+    previous = installed_state()
+    if previous is not None:
+        disable(previous)
+    state = SandboxState(
+        tracer_provider, interval_s=interval_s, instrumentation_version=instrumentation_version
+    )
+    state.processor = _processor_on(state.tracer_provider)
+    set_auto_trace(True, state)
+    install(state)
+    return state
 
 
-def disable() -> None:
-    """Turn sandbox tracing off: every processor ``enable`` added becomes a no-op and the
-    bundled provider classes are restored. Idempotent; what ``uninstrument()`` calls."""
-    for processor in list(_PROCESSORS.values()):
-        processor.disable()
-    set_auto_trace(False)
+def disable(state: SandboxState | None = None) -> None:
+    """Turn ``state``'s sandbox tracing off (default: the enabled one); idempotent.
+
+    Its processor becomes a no-op, the bundled provider classes lose its wrappers, and it
+    stops being current. Samplers it started stop when their sandboxes close.
+    """
+    state = state if state is not None else installed_state()
+    if state is None:
+        return
+    if state.processor is not None:
+        state.processor.disable()
+    set_auto_trace(False, state)
+    if installed_state() is state:
+        install(None)

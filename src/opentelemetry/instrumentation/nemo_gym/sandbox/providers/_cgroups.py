@@ -18,12 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxResourceAmounts
-from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    MIB,
+    SandboxResourceAmounts,
+)
 
 LOGGER = logging.getLogger(__name__)
 
-MIB = 1 << 20
 CFS_PERIOD_US = 100_000
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (about 2**63).
 _V1_UNLIMITED = 1 << 62

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    MIB,
     SandboxResourceAmounts,
     SandboxResources,
 )
@@ -22,8 +23,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceAllocation,
     ResourceDesignator,
 )
-
-MIB = 1024 * 1024
 
 
 def _positive(mapping: Mapping[str, Any], key: str) -> int | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "EXEC_TIMEOUT_RETURN_CODE",
+    "MIB",
     "ExecResult",
     "SandboxCreateError",
     "SandboxExecResult",
@@ -26,6 +28,17 @@ __all__ = [
     "SandboxSpec",
     "SandboxStatus",
 ]
+
+
+# Bytes in a mebibyte: every ``*_mib`` quantity, for both bundled providers.
+MIB = 1 << 20
+
+# The return code of a command a provider ended at its timeout (with ``error_type="timeout"``),
+# as coreutils' ``timeout`` reports it; the same for every bundled provider.
+EXEC_TIMEOUT_RETURN_CODE = 124
+
+# The largest integer an OpenTelemetry attribute can carry (a signed 64-bit value).
+_MAX_INT = (1 << 63) - 1
 
 
 class SandboxStatus(str, Enum):  # noqa: UP042 - nemo_gym's shape: str(status) as theirs
@@ -44,10 +57,14 @@ def _checked_quantity(name: str, value: object, kind: type[int] | type[float]) -
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"sandbox resource {name}={value!r} is not a number")  # noqa: TRY004
-    if math.isnan(value) or math.isinf(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"sandbox resource {name}={value!r} must be finite")
     if value < 0:
         raise ValueError(f"sandbox resource {name}={value!r} must not be negative")
+    # Integers have no upper bound in Python, but a span attribute is 64-bit: refuse here,
+    # naming the field, rather than fail later with an OverflowError nobody can place.
+    if value > _MAX_INT:
+        raise ValueError(f"sandbox resource {name}={value!r} is too large (at most 2**63 - 1)")
     if kind is int:
         if value != int(value):
             raise ValueError(f"sandbox resource {name}={value!r} must be a whole number")
@@ -102,8 +119,10 @@ class SandboxResources(SandboxResourceAmounts):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gpu_type is not None and not isinstance(self.gpu_type, str):
-            raise ValueError(f"sandbox resource gpu_type={self.gpu_type!r} is not a string")
+        if self.gpu_type is not None and (not isinstance(self.gpu_type, str) or not self.gpu_type):
+            raise ValueError(
+                f"sandbox resource gpu_type={self.gpu_type!r} must be a non-empty string or None"
+            )
 
     @classmethod
     def from_mapping(cls, resources: Mapping[str, Any] | None) -> SandboxResources:
@@ -111,7 +130,16 @@ class SandboxResources(SandboxResourceAmounts):
         allowed ones, and each value is validated as on construction."""
         if resources is None:
             return cls()
+        if not isinstance(resources, Mapping):
+            kind = type(resources).__name__
+            raise ValueError(f"sandbox resources must be a mapping, not {kind}")  # noqa: TRY004
         allowed = [f.name for f in fields(cls)]
+        for key in resources:
+            if not isinstance(key, str):
+                raise ValueError(  # noqa: TRY004 - one exception type for bad resources
+                    f"sandbox resource key {key!r} is not a string; "
+                    f"allowed keys: {', '.join(sorted(allowed))}"
+                )
         unknown = sorted(set(resources) - set(allowed))
         if unknown:
             raise ValueError(
@@ -122,8 +150,8 @@ class SandboxResources(SandboxResourceAmounts):
         for name in ("cpu", "memory_mib", "disk_gib", "gpu"):
             raw = resources.get(name)
             values[name] = _coerce_number(name, raw, float if name == "cpu" else int)
-        gpu_type = resources.get("gpu_type")
-        values["gpu_type"] = None if gpu_type is None else str(gpu_type)
+        # Validated by the constructor: a string or None, never a number turned into "nan".
+        values["gpu_type"] = resources.get("gpu_type")
         return cls(**values)
 
 
@@ -132,8 +160,10 @@ def _coerce_number(name: str, raw: object, kind: type[int] | type[float]) -> Any
     if raw is None:
         return None
     if isinstance(raw, str):
+        text = raw.strip()
         try:
-            raw = float(raw.strip())
+            # Whole numbers stay integers, so a huge one is refused as too large, not rounded.
+            raw = int(text) if text.lstrip("+-").isdigit() else float(text)
         except ValueError:
             raise ValueError(f"sandbox resource {name}={raw!r} is not a number") from None
     return _checked_quantity(name, raw, kind)

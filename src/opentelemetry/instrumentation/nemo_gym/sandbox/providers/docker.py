@@ -33,6 +33,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import
     tar_of,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    EXEC_TIMEOUT_RETURN_CODE,
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
@@ -63,8 +64,9 @@ _KILL_TREE = (
     'for c in $(cat /proc/"$1"/task/"$1"/children 2>/dev/null); do k "$c"; done; '
     'kill -KILL "$1" 2>/dev/null; }; k "$1"'
 )
-# The return code of an exec whose command did not finish in time (as `timeout` uses).
-TIMEOUT_RETURN_CODE = 124
+# The return code of an exec whose command did not finish in time: the shared constant, under
+# the name this module has always exported.
+TIMEOUT_RETURN_CODE = EXEC_TIMEOUT_RETURN_CODE
 _STATUS = {
     "created": SandboxStatus.STARTING,
     "configured": SandboxStatus.STARTING,
@@ -141,8 +143,9 @@ class DockerSandboxProvider:
         spec = _spec_from(spec)
         if not spec.image:
             raise ValueError(f"sandbox spec image={spec.image!r}: the docker provider needs one")
-        unknown = sorted(set(spec.provider_options) - {"host_config"})
+        unknown = sorted(repr(k) for k in spec.provider_options if k != "host_config")
         if unknown:
+            # Keys only: option values may hold credentials.
             raise ValueError(
                 f"unknown docker provider_options: {', '.join(unknown)}; allowed: host_config"
             )

@@ -27,11 +27,14 @@ import signal
 import socket
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    EXEC_TIMEOUT_RETURN_CODE,
+    MIB,
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
@@ -52,10 +55,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 __all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ProcessSandboxProvider"]
 
 LOGGER = logging.getLogger(__name__)
-
-# The return code of a command the provider killed at its timeout (``error_type="timeout"``);
-# real exit codes are 0-255, and a signal death is reported shell-style as 128 + signal.
-EXEC_TIMEOUT_RETURN_CODE = -1
 
 _MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
 _OUTPUT_GRACE_S = 0.2
@@ -86,15 +85,18 @@ class _Sandbox:
 # Bad spec input raises ValueError throughout (wrong types included, hence the TRY004
 # exemptions): callers handle one exception type for "the spec is wrong".
 def _check_env(name: str, env: object) -> dict[str, str]:
+    """``env`` (any mapping of strings: a dict, ``os.environ``) as a dict. Errors name the
+    offending key, never a value: environments hold secrets, and error text gets logged."""
     if env is None:
         return {}
-    if not isinstance(env, dict):
-        raise ValueError(f"{name}={env!r} must be a dict of strings")  # noqa: TRY004
+    if not isinstance(env, Mapping):
+        kind = type(env).__name__
+        raise ValueError(f"{name} must be a mapping of strings, not {kind}")  # noqa: TRY004
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise ValueError(f"{name} key {key!r} must be a non-empty string without '=' or NUL")
         if not isinstance(value, str) or "\0" in value:
-            raise ValueError(f"{name}[{key!r}]={value!r} must be a string without NUL")
+            raise ValueError(f"{name}[{key!r}] must be a string without NUL (value not shown)")
     return dict(env)
 
 
@@ -182,7 +184,7 @@ class ProcessSandboxProvider:
         cgroups: bool = True,
         cgroup_parent: str = "nemo_gym",
         base_dir: str | os.PathLike[str] | None = None,
-        max_output_bytes: int = 8 * _cgroups.MIB,
+        max_output_bytes: int = 8 * MIB,
     ) -> None:
         # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
         if not isinstance(cgroups, bool):
@@ -232,8 +234,10 @@ class ProcessSandboxProvider:
             raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
         options = getattr(spec, "provider_options", None) or {}
         if options:
+            # Keys only: option values may hold credentials.
+            keys = ", ".join(sorted(repr(k) for k in options))
             raise ValueError(
-                f"provider_options={options!r}: the process provider takes none (allowed: none)"
+                f"provider_options keys {keys}: the process provider takes none (allowed: none)"
             )
         workdir = getattr(spec, "workdir", None)
         relative_workdir = None if workdir is None else _relative_path("workdir", workdir)
@@ -483,7 +487,7 @@ class ProcessSandboxProvider:
                 pids += 1
                 memory += rss
                 state.proc_cpu[(pid, start)] = cpu_s
-        memory_mib = round(memory / _cgroups.MIB, 3)
+        memory_mib = round(memory / MIB, 3)
         state.proc_peak_mib = max(state.proc_peak_mib, memory_mib)
         usage = PREFIX + "usage."
         return {

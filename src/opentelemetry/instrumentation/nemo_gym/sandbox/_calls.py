@@ -1,0 +1,298 @@
+"""The traced sandbox calls, shared by ``traced_provider`` wrappers and auto-traced classes.
+
+Each function runs one provider call for a ``SandboxState``: create inside a
+``sandbox.create`` span, then the resource records beside the caller; exec, upload and
+download inside their spans; close after a short grace for the final records. A failed call's
+span records the exception's type, never its message. Inside OpenTelemetry's
+``suppress_instrumentation``, and for a nested call into the provider already being traced,
+the call passes straight through. Also here: which identity a handle has
+(``sandbox_identity``) and the scope that stamps it (``sandbox_scope``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import Span, Status, StatusCode
+
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
+from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    stamped,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
+    SandboxState,
+    current_state,
+    default_state,
+    sandbox_key,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxExecResult,
+    SandboxHandle,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    ResourceProvider,
+    ResourceSampler,
+    record_request,
+)
+
+EXEC_RETURN_CODE = PREFIX + "exec.return_code"
+EXEC_ERROR_TYPE = PREFIX + "exec.error_type"
+ERROR_TYPE = "error.type"
+
+# How long close() lets the final sample run before it calls the provider's close anyway: the
+# sample wants the sandbox alive, the caller wants close() prompt. A slower sample goes on
+# beside the close, bounded by its own timeout.
+FINAL_SAMPLE_GRACE_S = 0.5
+
+_T = TypeVar("_T")
+
+
+# The provider object whose call is being traced right now. A call into the same object
+# while it is set (a traced_provider() wrapper around an auto-traced class) passes straight
+# through, so one call never makes two spans.
+_TRACING: ContextVar[int | None] = ContextVar("nemo_gym_sandbox_tracing", default=None)
+
+
+def provider_name(provider: object) -> str:
+    name = getattr(provider, "name", None)
+    return name if isinstance(name, str) and name else type(provider).__name__
+
+
+def _passes_through(provider: object) -> bool:
+    """A nested call into the provider being traced, or inside suppress_instrumentation."""
+    return _TRACING.get() == id(provider) or not is_instrumentation_enabled()
+
+
+# --- identity and scope ---------------------------------------------------------------------
+
+
+def sandbox_identity(handle: SandboxHandle) -> dict[str, Attribute]:
+    """The identity attributes of ``handle``'s sandbox.
+
+    ``request.id``, ``provider`` and ``id`` for a sandbox created through a traced provider in
+    this process (under the current state, or the default one); ``provider`` and ``id``
+    alone for any other handle (a borrowed one, say).
+    """
+    key = sandbox_key(handle)
+    state = current_state()
+    for candidate in (state, default_state()):
+        entry = candidate.registry.get(key)
+        if entry is not None and entry.identity is not None:
+            return dict(entry.identity)
+    return {PROVIDER: key[0], SANDBOX_ID: key[1]}
+
+
+@contextmanager
+def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
+    """Mark the code inside the ``with`` block as running for ``handle``'s sandbox.
+
+    Spans started inside the block (in this task or thread, and in tasks it creates) get the
+    sandbox's identity attributes from ``SandboxSpanProcessor``. Scopes nest; the innermost
+    wins.
+    """
+    with stamped(sandbox_identity(handle)):
+        yield
+
+
+def _identity_or_empty(handle: Any) -> dict[str, Attribute]:
+    try:
+        return sandbox_identity(handle)
+    except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
+        log_failure("reading a sandbox handle", exc)
+        return {}
+
+
+# --- spans ----------------------------------------------------------------------------------
+
+
+def _mark_failed(span: Span, exc: BaseException) -> None:
+    """ERROR status and ``error.type``, with the exception's type only: its message may hold
+    user data (a command, an environment, provider options), so it is never recorded."""
+    try:
+        name = type(exc).__qualname__
+        span.set_attribute(ERROR_TYPE, name)
+        span.add_event("exception", {"exception.type": name})
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    except Exception as failure:  # noqa: BLE001 - a span that cannot say so is still fine
+        log_failure("marking a sandbox span failed", failure)
+
+
+@contextmanager
+def _span(state: SandboxState, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Span]:
+    with state.tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            _mark_failed(span, exc)
+            raise
+
+
+# --- the traced calls, shared by traced_provider() and the auto-traced classes -------------
+
+
+async def traced_create(
+    state: SandboxState, provider: object, call: Callable[[], Awaitable[_T]], spec: Any
+) -> _T:
+    """Run ``call`` (the provider's create) inside a ``sandbox.create`` span, then start the
+    resource records beside the caller."""
+    if _passes_through(provider):
+        return await call()
+    name = provider_name(provider)
+    try:
+        attributes = record_request(spec, {PROVIDER: name})
+    except Exception as exc:  # noqa: BLE001 - a spec we cannot describe still gets an identity
+        log_failure("describing a sandbox spec", exc, name)
+        attributes = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, "sandbox.create", attributes) as span:
+            handle = await call()
+            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+    finally:
+        _TRACING.reset(token)
+    # Outside the create span: the records belong to the caller's context, and the guard above
+    # is reset so the tasks started here do not inherit it.
+    _start_resource_records(state, provider, handle, attributes)
+    return handle
+
+
+def _start_resource_records(
+    state: SandboxState, provider: object, handle: Any, attributes: Mapping[str, Attribute]
+) -> None:
+    """Remember the sandbox, start its sampler and read its allocation in the background.
+
+    Nothing here waits for the provider: the allocation read runs in a task of its own,
+    bounded by ``PROVIDER_CALL_TIMEOUT_S``, and the sampler's first sample comes an interval
+    later.
+    """
+    try:
+        identity: dict[str, Attribute] = {
+            REQUEST_ID: attributes[REQUEST_ID],
+            PROVIDER: attributes[PROVIDER],
+            SANDBOX_ID: str(handle.sandbox_id),
+        }
+        entry = state.registry.remember(sandbox_key(handle), identity, id(provider))
+        # Nobody would see the records: skip the provider calls that produce them.
+        if not isinstance(provider, ResourceProvider) or not state.exporting():
+            return
+        with state.active():
+            sampler = ResourceSampler(provider, handle, identity, state.sampling_interval())
+        sampler.start()
+        entry.allocation = state.spawn(
+            sampler.record("allocation"), f"nemo-gym sandbox allocation {handle.sandbox_id}"
+        )
+    except Exception as exc:  # noqa: BLE001 - telemetry must not fail a created sandbox
+        log_failure("starting sandbox resource records", exc)
+
+
+async def traced_call(
+    state: SandboxState,
+    provider: object,
+    span_name: str,
+    handle: Any,
+    call: Callable[[], Awaitable[_T]],
+    describe: Callable[[_T], dict[str, Attribute]] | None = None,
+) -> _T:
+    """Run ``call`` inside a span named ``span_name`` carrying ``handle``'s identity, plus
+    what ``describe`` says about the result."""
+    if _passes_through(provider):
+        return await call()
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, span_name, _identity_or_empty(handle)) as span:
+            result = await call()
+            if describe is not None:
+                try:
+                    span.set_attributes(describe(result))
+                except Exception as exc:  # noqa: BLE001 - an odd result is still returned as is
+                    log_failure(f"describing a {span_name} result", exc)
+            return result
+    finally:
+        _TRACING.reset(token)
+
+
+def describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
+    """The exec span's outcome: the return code and error type, never the command or output."""
+    described: dict[str, Attribute] = {EXEC_RETURN_CODE: int(result.return_code)}
+    error_type = getattr(result, "error_type", None)
+    if error_type:
+        described[EXEC_ERROR_TYPE] = str(error_type)
+    return described
+
+
+def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asyncio.Task[Any]]:
+    """Forget these sandboxes and stop their samplers in the background.
+
+    Returns the records still running for them (final samples, an allocation read not yet
+    answered): the close waits for them a little, so they still see the sandbox alive.
+    """
+    pending = []
+    for key in keys:
+        entry = state.registry.get(key)
+        if entry is None:
+            continue
+        sampler, allocation = entry.sampler, entry.allocation
+        state.registry.forget(key)
+        if allocation is not None and not allocation.done():
+            pending.append(allocation)
+        if sampler is not None:
+            pending.append(state.spawn(sampler.stop(), f"nemo-gym sandbox final {key[1]}"))
+    return pending
+
+
+async def traced_close(
+    state: SandboxState, provider: object, handle: Any, call: Callable[[], Awaitable[_T]]
+) -> _T:
+    """Stop the sandbox's sampler, giving its final sample (and an allocation read still in
+    flight) at most ``FINAL_SAMPLE_GRACE_S`` to see the sandbox alive, then run the
+    provider's close inside a ``sandbox.close`` span.
+
+    The provider's close is called whatever the records do (hang, fail); they then finish
+    beside it, bounded by their own timeouts. Cancelling the caller propagates.
+    """
+    if _TRACING.get() == id(provider):
+        return await call()
+    try:
+        identity = _identity_or_empty(handle)
+        stopping = _stop_samplers(state, [sandbox_key(handle)])
+    except Exception as exc:  # noqa: BLE001 - the provider's close must run regardless
+        log_failure("stopping a sandbox's records", exc)
+        identity, stopping = {}, []
+    if not is_instrumentation_enabled():
+        return await call()
+    if stopping:
+        await asyncio.wait(stopping, timeout=FINAL_SAMPLE_GRACE_S)
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, "sandbox.close", identity):
+            return await call()
+    finally:
+        _TRACING.reset(token)
+
+
+async def traced_aclose(
+    state: SandboxState, provider: object, call: Callable[[], Awaitable[_T]]
+) -> _T:
+    """Stop the samplers of this provider's sandboxes that were never closed, then aclose."""
+    if _TRACING.get() != id(provider):
+        try:
+            keys = [key for key, _ in state.registry.of_provider(id(provider))]
+            stopping = _stop_samplers(state, keys)
+        except Exception as exc:  # noqa: BLE001 - the provider's aclose must run regardless
+            log_failure("stopping a provider's records", exc)
+            stopping = []
+        if stopping and is_instrumentation_enabled():
+            await asyncio.wait(stopping, timeout=FINAL_SAMPLE_GRACE_S)
+    return await call()

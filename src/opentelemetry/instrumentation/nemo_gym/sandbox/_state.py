@@ -1,0 +1,294 @@
+"""One sandbox telemetry state per instrumentation: tracer, interval, processor, registry.
+
+``SandboxState`` holds everything the sandbox half used to keep in module globals: the tracer
+provider it was given (or the global one, resolved at each use), the sampling interval, the
+span processor it enabled, the registry of sandboxes (identity and sampling owner, one entry
+per sandbox) and the background tasks its records run in. The instrumentor makes one in
+``_instrument`` and drops it in ``_uninstrument``; code that runs without an instrumentor
+(``traced_provider(p)``, a ``ResourceSampler`` built by hand) gets ``default_state()``, over
+the global providers and the environment.
+
+``current_state()`` answers "which state is this call for": the one a traced call made active
+(``with state.active()``), else the instrumentor's, else the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Protocol
+
+from opentelemetry import trace
+
+from opentelemetry.instrumentation.nemo_gym import _exporting
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.environment_variables import (
+    OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanProcessor
+
+LOGGER = logging.getLogger(__name__)
+
+SCOPE_NAME = "opentelemetry.instrumentation.nemo_gym"
+DEFAULT_INTERVAL_S = 10.0
+
+SandboxKey = tuple[str, str]
+
+
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+def sandbox_key(handle: object) -> SandboxKey:
+    """(provider name, sandbox id) of any handle-shaped object."""
+    return (str(getattr(handle, "provider_name", "")), str(getattr(handle, "sandbox_id", "")))
+
+
+@dataclass
+class SandboxEntry:
+    """What the state knows about one sandbox.
+
+    ``identity`` and ``provider_id`` are set by a traced create and dropped by its close,
+    with ``allocation``, the task reading the allocation record; ``sampler`` is the one
+    sampler that owns the sandbox's samples, from its ``start()`` to the end of its
+    ``stop()``. The entry lives while ``identity`` or ``sampler`` is set.
+    """
+
+    identity: dict[str, Attribute] | None = None
+    provider_id: int | None = None
+    sampler: _Stoppable | None = None
+    allocation: asyncio.Task[Any] | None = None
+
+
+class SandboxRegistry:
+    """The sandboxes of one state, keyed by (provider name, sandbox id). Event-loop only."""
+
+    def __init__(self) -> None:
+        self._entries: dict[SandboxKey, SandboxEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: SandboxKey) -> SandboxEntry | None:
+        return self._entries.get(key)
+
+    def remember(
+        self, key: SandboxKey, identity: dict[str, Attribute], provider_id: int
+    ) -> SandboxEntry:
+        """Record a sandbox created through a traced provider."""
+        entry = self._entries.setdefault(key, SandboxEntry())
+        entry.identity = identity
+        entry.provider_id = provider_id
+        return entry
+
+    def forget(self, key: SandboxKey) -> None:
+        """Drop a closed sandbox's identity; its entry goes once no sampler owns it."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.identity = None
+        entry.provider_id = None
+        entry.allocation = None
+        if entry.sampler is None:
+            del self._entries[key]
+
+    def claim(self, key: SandboxKey, sampler: _Stoppable) -> bool:
+        """Make ``sampler`` the sandbox's owner unless another sampler already is."""
+        entry = self._entries.setdefault(key, SandboxEntry())
+        if entry.sampler is None:
+            entry.sampler = sampler
+        return entry.sampler is sampler
+
+    def release(self, key: SandboxKey, sampler: _Stoppable) -> None:
+        """End ``sampler``'s ownership (a no-op for any other sampler)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.sampler is not sampler:
+            return
+        entry.sampler = None
+        if entry.identity is None:
+            del self._entries[key]
+
+    def of_provider(self, provider_id: int) -> list[tuple[SandboxKey, SandboxEntry]]:
+        """The open sandboxes created through the provider object with this ``id()``."""
+        return [(k, e) for k, e in self._entries.items() if e.provider_id == provider_id]
+
+
+_ENVIRONMENT = OnceLog(LOGGER)
+
+
+def interval_from_environment() -> float:
+    """``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL`` in seconds (default 10; 0 is off).
+
+    A value that is not a finite number >= 0 is logged once, naming the variable and the
+    value, and the default is used.
+    """
+    raw = os.environ.get(OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL)
+    if raw is None or not raw.strip():
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
+        _ENVIRONMENT(
+            raw,
+            logging.WARNING,
+            "%s=%r is not a finite number >= 0; using the default %r",
+            OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
+            raw,
+            DEFAULT_INTERVAL_S,
+        )
+        return DEFAULT_INTERVAL_S
+    return value
+
+
+def _checked_interval(interval_s: object) -> float | None:
+    if interval_s is None:
+        return None
+    if (
+        isinstance(interval_s, bool)
+        or not isinstance(interval_s, int | float)
+        or not math.isfinite(interval_s)
+        or interval_s < 0
+    ):
+        raise ValueError(f"interval_s={interval_s!r} must be a finite number of seconds >= 0")
+    return float(interval_s)
+
+
+def _package_version() -> str | None:
+    try:
+        return metadata.version("opentelemetry-instrumentation-nemo-gym")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class SandboxState:
+    """The sandbox telemetry of one instrumentation.
+
+    ``tracer_provider`` is where spans and records go and what decides whether anything is
+    exported; ``None`` means the global provider, looked up at each use (it may be set after
+    this state is made). ``interval_s`` is the sampling interval (``None``: read the
+    environment variable at each use). ``instrumentation_version`` is the version of the
+    tracer's instrumentation scope. Keyword-only parameters may be added (a meter provider for
+    fleet metrics, say) without breaking callers.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        interval_s: float | None = None,
+        instrumentation_version: str | None = None,
+    ) -> None:
+        self._tracer_provider = tracer_provider
+        self._interval_s = _checked_interval(interval_s)
+        self._version = instrumentation_version
+        self._tracer: trace.Tracer | None = None
+        self.registry = SandboxRegistry()
+        self.processor: SandboxSpanProcessor | None = None
+        # The provider classes this state auto-traces: class -> {method: installed wrapper}.
+        self.patched: dict[type, dict[str, Any]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def tracer_provider(self) -> trace.TracerProvider:
+        """The given tracer provider, or the global one as it is now."""
+        if self._tracer_provider is not None:
+            return self._tracer_provider
+        return trace.get_tracer_provider()
+
+    @property
+    def tracer(self) -> trace.Tracer:
+        """The tracer of scope ``opentelemetry.instrumentation.nemo_gym`` on this state's
+        provider (made once for a given provider; through the global one otherwise)."""
+        if self._tracer_provider is None:
+            return trace.get_tracer(SCOPE_NAME, self._version)
+        if self._tracer is None:
+            self._tracer = self._tracer_provider.get_tracer(SCOPE_NAME, self._version)
+        return self._tracer
+
+    @property
+    def interval_s(self) -> float:
+        """The configured sampling interval, before asking whether anything is exported."""
+        if self._interval_s is not None:
+            return self._interval_s
+        return interval_from_environment()
+
+    def exporting(self) -> bool:
+        """Whether this state's tracer provider sends spans anywhere besides our processor."""
+        return _exporting.traces_exported(self.tracer_provider, ignore=(SandboxSpanProcessor,))
+
+    def sampling_interval(self) -> float:
+        """The interval, or 0 unless it is positive and spans are actually exported."""
+        interval = self.interval_s
+        if interval <= 0 or not self.exporting():
+            return 0.0
+        return interval
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coroutine`` in a task of its own on the running loop, beside the caller.
+
+        The state keeps a reference until it ends (the loop keeps only weak ones), so records
+        in flight are not garbage-collected mid-way. Must be called on the event loop.
+        """
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Make this the ``current_state()`` inside the ``with`` block."""
+        token = _ACTIVE.set(self)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+
+# The state a traced call made active; see current_state().
+_ACTIVE: ContextVar[SandboxState | None] = ContextVar("nemo_gym_sandbox_state", default=None)
+
+
+class _Current:
+    """The instrumentor's state while instrumented, and the lazily made default state."""
+
+    installed: SandboxState | None = None
+    default: SandboxState | None = None
+
+
+def default_state() -> SandboxState:
+    """The state of code running without an instrumentor: global providers, environment."""
+    if _Current.default is None:
+        _Current.default = SandboxState(instrumentation_version=_package_version())
+    return _Current.default
+
+
+def install(state: SandboxState | None) -> None:
+    """Make ``state`` the instrumentor's state (``None``: there is none)."""
+    _Current.installed = state
+
+
+def installed_state() -> SandboxState | None:
+    return _Current.installed
+
+
+def current_state() -> SandboxState:
+    """The state active in this context, else the instrumentor's, else the default."""
+    active = _ACTIVE.get()
+    if active is not None:
+        return active
+    if _Current.installed is not None:
+        return _Current.installed
+    return default_state()
