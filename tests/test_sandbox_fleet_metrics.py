@@ -1,5 +1,6 @@
 """Sandbox fleet counters with the real SDK, their Prometheus names, OOM kills read from
-samples, and the semantic-convention container identity of allocations."""
+samples, the semantic-convention container identity of allocations, and the records and
+traced calls that feed them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry.instrumentation.nemo_gym.sandbox import _fleet_metrics
@@ -21,14 +24,20 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
+    SandboxHandle,
     SandboxResourceAmounts,
     SandboxResources,
+    SandboxSpec,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    PREFIX,
     ComponentAllocation,
     ResourceAllocation,
     ResourceDesignator,
+    ResourceSampler,
+    record_request,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], int, str]]]:
@@ -234,3 +243,107 @@ def test_sample_recorded_counts_oom_kills(
     assert points(metric_reader)["gym.sandbox.oom_kills"] == [
         ({"nemo.gym.sandbox.provider": "process"}, 1, "{kill}")
     ]
+
+
+def test_fleet_metrics_of_one_per_meter_provider(meter_provider: MeterProvider) -> None:
+    """of() makes the counters once per meter provider and returns them on later calls."""
+    other = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    try:
+        first = SandboxFleetMetrics.of(meter_provider, version="1.2.3")
+        assert SandboxFleetMetrics.of(meter_provider) is first
+        assert SandboxFleetMetrics.of(other) is not first
+    finally:
+        other.shutdown()
+
+
+# --- the records and traced calls feeding the counters ----------------------------------------
+
+
+class CappingProvider:
+    """A duck-typed ResourceProvider whose CPU limit is half the request and whose samples
+    report a growing cumulative OOM-kill count."""
+
+    name = "capping"
+
+    def __init__(self) -> None:
+        self.kills = 0
+
+    async def create(self, spec: Any) -> SandboxHandle:
+        if spec.image == "missing":
+            raise SandboxCreateError("image 'missing' not found")
+        return SandboxHandle(sandbox_id="cap-1", provider_name=self.name, raw=None)
+
+    async def close(self, handle: SandboxHandle) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        return ResourceAllocation(
+            source="capping",
+            components=(ComponentAllocation("main", limits={"cpu": 0.5, "memory_mib": 64}),),
+        )
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Any]:
+        return {"usage.oom_kills": self.kills}
+
+
+async def test_resource_sampler_by_hand_compares_record_request(
+    global_tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    global_meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    """A sampler built by hand over record_request(spec, ...), as page 000 shows, compares
+    the allocation with the requested shape in its attributes, and counts OOM kills as the
+    difference between its successive samples."""
+    provider = CappingProvider()
+    handle = await provider.create(SandboxSpec())
+    attributes = record_request(
+        SandboxSpec(resources={"cpu": 1.0}), {PREFIX + "provider": "capping"}
+    )
+    sampler = ResourceSampler(provider, handle, attributes, 0)
+    sampler.start()
+    await sampler.record("allocation")
+    provider.kills = 2
+    await sampler.record("sample")
+    provider.kills = 3
+    await sampler.stop()
+    (allocation,) = [
+        dict(s.attributes or {})
+        for s in span_exporter.get_finished_spans()
+        if (s.attributes or {}).get(PREFIX + "resource.kind") == "allocation"
+    ]
+    assert allocation["nemo.gym.sandbox.allocation.mismatch.cpu.kind"] == "below_request"
+    assert allocation["nemo.gym.sandbox.allocation.mismatch.resources"] == ("cpu",)
+    found = points(metric_reader)
+    assert found["gym.sandbox.oom_kills"] == [
+        ({"nemo.gym.sandbox.provider": "capping"}, 3, "{kill}")
+    ]
+    assert [value for _, value, _ in found["gym.sandbox.allocation.mismatches"]] == [1]
+
+
+async def test_traced_provider_counts_creations_on_global_meter_provider(
+    global_meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+) -> None:
+    """Without an instrumentor, a traced_provider counts created and failed sandboxes on the
+    global meter provider; the failure reaches the caller as the same object."""
+    provider = traced_provider(CappingProvider())
+    handle = await provider.create(SandboxSpec())
+    await provider.close(handle)
+    with pytest.raises(SandboxCreateError) as raised:
+        await provider.create(SandboxSpec(image="missing"))
+    assert "missing" in str(raised.value)
+    creations = {
+        tuple(sorted(attributes.items())): value
+        for attributes, value, _ in points(metric_reader)["gym.sandbox.creations"]
+    }
+    assert creations == {
+        (("nemo.gym.sandbox.outcome", "created"), ("nemo.gym.sandbox.provider", "capping")): 1,
+        (
+            ("error.type", "SandboxCreateError"),
+            ("nemo.gym.sandbox.outcome", "failed"),
+            ("nemo.gym.sandbox.provider", "capping"),
+        ): 1,
+    }

@@ -9,7 +9,11 @@
   request waited for a pool slot and which limit was binding, counts connects per
   destination, and reports each connector configuration's sizing once.
 * **sandbox resource telemetry**: a span processor that stamps sandbox identity on spans
-  started inside ``sandbox_scope(handle)``, and tracing of the bundled sandbox providers.
+  started inside ``sandbox_scope(handle)``; tracing of the bundled sandbox providers and of
+  every provider NeMo Gym's ``create_provider`` builds (so ``AsyncSandbox`` and ``Sandbox``
+  too), whether ``nemo_gym`` is imported before or after ``instrument()``; and the sandbox
+  fleet metrics (``gym.sandbox.creations``, ``gym.sandbox.oom_kills``,
+  ``gym.sandbox.allocation.mismatches``) on the meter provider.
 
 Usage::
 
@@ -23,7 +27,8 @@ Usage::
     )
 
 Connectors constructed before ``instrument()`` and subclasses of ``TCPConnector`` are left
-alone. ``uninstrument()`` restores construction exactly.
+alone. ``uninstrument()`` restores construction exactly, and puts NeMo Gym's
+``create_provider`` back.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
 )
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
+from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as _sandbox_tracing
 from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool as _connection_pool
@@ -120,7 +126,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 logger.exception("nemo_gym: ServerClient labelling failed; skipped")
         if sandbox_resources:
             try:
-                self._instrument_sandbox(kwargs.get("tracer_provider"))
+                self._instrument_sandbox(
+                    kwargs.get("tracer_provider"), kwargs.get("meter_provider")
+                )
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
 
@@ -169,13 +177,20 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _connection_pool._instrumented_telemetry = current
 
     @staticmethod
-    def _instrument_sandbox(tracer_provider: trace.TracerProvider | None) -> None:
-        # None keeps the global provider, looked up at each use (it may be set later).
-        _sandbox_tracing.enable(
+    def _instrument_sandbox(
+        tracer_provider: trace.TracerProvider | None,
+        meter_provider: metrics.MeterProvider | None,
+    ) -> None:
+        # None keeps the global provider, looked up at each use (it may be set later); the
+        # fleet counters are made once per meter provider (SandboxFleetMetrics.of).
+        state = _sandbox_tracing.enable(
             tracer_provider,
+            meter_provider=meter_provider,
             interval_s=_settings.sandbox_resource_interval(),
             instrumentation_version=__version__,
         )
+        # Every provider NeMo Gym builds, whatever its origin, traced with this state.
+        _nemo_gym_providers.install(_sandbox_tracing.wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         try:
@@ -189,6 +204,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _nemo_gym_server.uninstall()
         except Exception:
             logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
+        try:
+            _nemo_gym_providers.uninstall()
+        except Exception:
+            logger.exception("nemo_gym: restoring nemo_gym's create_provider failed")
         try:
             _sandbox_tracing.disable()
         except Exception:

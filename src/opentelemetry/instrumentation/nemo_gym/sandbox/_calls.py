@@ -1,10 +1,12 @@
 """The traced sandbox calls, shared by ``traced_provider`` wrappers and auto-traced classes.
 
 Each function runs one provider call for a ``SandboxState``: create inside a
-``sandbox.create`` span, then the resource records beside the caller; exec, upload and
-download inside their spans; close after a short grace for the final records. A failed call's
-span records the exception's type, never its message. Inside OpenTelemetry's
-``suppress_instrumentation``, and for a nested call into the provider already being traced,
+``sandbox.create`` span, counted on ``gym.sandbox.creations`` (created, or failed with the
+exception's type), then the resource records beside the caller; exec, upload and download
+inside their spans; close after a short grace for the final records. A failed call's span
+records the exception's type, never its message, and the exception reaches the caller as the
+same object. Inside OpenTelemetry's ``suppress_instrumentation``, for a state that
+``tracing.disable`` turned off, and for a nested call into the provider already being traced,
 the call passes straight through. Also here: which identity a handle has
 (``sandbox_identity``) and the scope that stamps it (``sandbox_scope``).
 """
@@ -22,6 +24,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, Status, StatusCode
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import error_type_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     PROVIDER,
@@ -68,9 +71,10 @@ def provider_name(provider: object) -> str:
     return name if isinstance(name, str) and name else type(provider).__name__
 
 
-def _passes_through(provider: object) -> bool:
-    """A nested call into the provider being traced, or inside suppress_instrumentation."""
-    return _TRACING.get() == id(provider) or not is_instrumentation_enabled()
+def _passes_through(state: SandboxState, provider: object) -> bool:
+    """A nested call into the provider being traced, a disabled state, or inside
+    suppress_instrumentation."""
+    return _TRACING.get() == id(provider) or not state.enabled or not is_instrumentation_enabled()
 
 
 # --- identity and scope ---------------------------------------------------------------------
@@ -147,7 +151,7 @@ async def traced_create(
 ) -> _T:
     """Run ``call`` (the provider's create) inside a ``sandbox.create`` span, then start the
     resource records beside the caller."""
-    if _passes_through(provider):
+    if _passes_through(state, provider):
         return await call()
     name = provider_name(provider)
     try:
@@ -160,16 +164,43 @@ async def traced_create(
         with _span(state, "sandbox.create", attributes) as span:
             handle = await call()
             span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+    except Exception as exc:
+        _count_creation(state, name, exc)
+        raise  # the provider's own exception object, unchanged
     finally:
         _TRACING.reset(token)
+    _count_creation(state, name, None)
     # Outside the create span: the records belong to the caller's context, and the guard above
     # is reset so the tasks started here do not inherit it.
-    _start_resource_records(state, provider, handle, attributes)
+    _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
     return handle
 
 
+def _count_creation(state: SandboxState, provider: str, error: Exception | None) -> None:
+    """One ``gym.sandbox.creations``: ``created``, or ``failed`` with the error's type."""
+    fleet = state.fleet_metrics()
+    if fleet is None:
+        return
+    if error is None:
+        fleet.created(provider)
+    else:
+        fleet.failed(provider, error_type_of(error))
+
+
+def _requested_resources(spec: Any) -> object:
+    """The spec's resources as the caller gave them (any shape ``compare_allocation`` takes),
+    from a spec object or a mapping; ``None`` when it declares none."""
+    if isinstance(spec, Mapping):
+        return spec.get("resources")
+    return getattr(spec, "resources", None)
+
+
 def _start_resource_records(
-    state: SandboxState, provider: object, handle: Any, attributes: Mapping[str, Attribute]
+    state: SandboxState,
+    provider: object,
+    handle: Any,
+    attributes: Mapping[str, Attribute],
+    requested: object,
 ) -> None:
     """Remember the sandbox, start its sampler and read its allocation in the background.
 
@@ -183,7 +214,7 @@ def _start_resource_records(
             PROVIDER: attributes[PROVIDER],
             SANDBOX_ID: str(handle.sandbox_id),
         }
-        entry = state.registry.remember(sandbox_key(handle), identity, id(provider))
+        entry = state.registry.remember(sandbox_key(handle), identity, id(provider), requested)
         # Nobody would see the records: skip the provider calls that produce them.
         if not isinstance(provider, ResourceProvider) or not state.exporting():
             return
@@ -207,7 +238,7 @@ async def traced_call(
 ) -> _T:
     """Run ``call`` inside a span named ``span_name`` carrying ``handle``'s identity, plus
     what ``describe`` says about the result."""
-    if _passes_through(provider):
+    if _passes_through(state, provider):
         return await call()
     token = _TRACING.set(id(provider))
     try:
@@ -270,7 +301,7 @@ async def traced_close(
     except Exception as exc:  # noqa: BLE001 - the provider's close must run regardless
         log_failure("stopping a sandbox's records", exc)
         identity, stopping = {}, []
-    if not is_instrumentation_enabled():
+    if not state.enabled or not is_instrumentation_enabled():
         return await call()
     if stopping:
         await asyncio.wait(stopping, timeout=FINAL_SAMPLE_GRACE_S)
@@ -293,6 +324,6 @@ async def traced_aclose(
         except Exception as exc:  # noqa: BLE001 - the provider's aclose must run regardless
             log_failure("stopping a provider's records", exc)
             stopping = []
-        if stopping and is_instrumentation_enabled():
+        if stopping and state.enabled and is_instrumentation_enabled():
             await asyncio.wait(stopping, timeout=FINAL_SAMPLE_GRACE_S)
     return await call()

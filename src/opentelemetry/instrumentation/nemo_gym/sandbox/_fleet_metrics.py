@@ -14,8 +14,9 @@ unit in the name, ``{annotation}`` units for counts):
 The Prometheus exporter shows them as ``gym_sandbox_creations_total``,
 ``gym_sandbox_oom_kills_total`` and ``gym_sandbox_allocation_mismatches_total``.
 
-``SandboxFleetMetrics`` is made once per instrumentation from its meter provider; its methods
-never raise (a failure is logged once) and may be called from any thread. The tracing layer
+``SandboxFleetMetrics.of(meter_provider)`` gives the one set of counters of a meter provider
+(the SDK de-duplicates instruments by name, so a second set would only alias the first); its
+methods never raise (a failure is logged once) and may be called from any thread. The tracing layer
 calls ``created``/``failed`` after each create, ``allocation_recorded`` on each allocation
 record (mismatch attributes, warning and counter, container identity) and ``sample_recorded``
 on each usage sample (OOM kills). ``new_oom_kills``
@@ -26,8 +27,10 @@ pure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -43,7 +46,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._mismatch import (
     compare_allocation,
     mismatch_attributes,
 )
-from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = [
     "ATTR_ERROR_TYPE",
@@ -96,13 +98,17 @@ def error_type_of(error: BaseException) -> str:
 class SandboxFleetMetrics:
     """The sandbox fleet counters of one meter provider, created once, here.
 
-    Methods add 1 (or ``count``) to a counter with the attributes above. They never raise:
-    a failure is logged once per kind and dropped. Thread-safe.
+    ``meter_provider`` defaults to the global one as it is now; ``version`` is the meter
+    scope's version. Prefer ``of``, which keeps one object per meter provider. Methods add 1
+    (or ``count``) to a counter with the attributes above. They never raise: a failure is
+    logged once per kind and dropped. Thread-safe.
     """
 
-    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+    def __init__(
+        self, meter_provider: metrics.MeterProvider | None = None, *, version: str | None = None
+    ) -> None:
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME, __version__)
+        meter = provider.get_meter(METER_NAME, version)
         self._creations = meter.create_counter(
             CREATIONS,
             unit=CREATIONS_UNIT,
@@ -124,6 +130,25 @@ class SandboxFleetMetrics:
         self._providers: set[str] = set()
         self._lock = threading.Lock()
         self._warnings = MismatchWarnings()
+
+    @classmethod
+    def of(
+        cls, meter_provider: metrics.MeterProvider, *, version: str | None = None
+    ) -> SandboxFleetMetrics:
+        """The counters of ``meter_provider``, made on first use; later calls return the same
+        object whatever ``version`` they pass. Raises whatever the provider raises when it
+        cannot create instruments."""
+        with _BY_PROVIDER_LOCK:
+            try:
+                existing = _BY_PROVIDER.get(meter_provider)
+            except TypeError:
+                existing = None  # a provider that cannot be weakly referenced is not cached
+            if existing is not None:
+                return existing
+            created = cls(meter_provider, version=version)
+            with contextlib.suppress(TypeError):
+                _BY_PROVIDER[meter_provider] = created
+            return created
 
     def _provider_label(self, provider: str) -> str:
         with self._lock:
@@ -218,6 +243,13 @@ class SandboxFleetMetrics:
     ) -> None:
         """Count the OOM kills between a sandbox's previous usage sample and this one."""
         self.oom_killed(provider, new_oom_kills(previous, sample))
+
+
+# One SandboxFleetMetrics per meter provider, for as long as the provider lives.
+_BY_PROVIDER: weakref.WeakKeyDictionary[metrics.MeterProvider, SandboxFleetMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+_BY_PROVIDER_LOCK = threading.Lock()
 
 
 def _usage(sample: Mapping[str, Any], quantity: str) -> Any:

@@ -1,9 +1,10 @@
 """One sandbox telemetry state per instrumentation: tracer, interval, processor, registry.
 
 ``SandboxState`` holds everything the sandbox half used to keep in module globals: the tracer
-provider it was given (or the global one, resolved at each use), the sampling interval, the
-span processor it enabled, the registry of sandboxes (identity and sampling owner, one entry
-per sandbox) and the background tasks its records run in. The instrumentor makes one in
+provider it was given (or the global one, resolved at each use), the meter provider of its
+fleet metrics (likewise), the sampling interval, the span processor it enabled, the registry
+of sandboxes (identity, requested resources and sampling owner, one entry per sandbox) and the
+background tasks its records run in. The instrumentor makes one in
 ``_instrument`` and drops it in ``_uninstrument``; code that runs without an instrumentor
 (``traced_provider(p)``, a ``ResourceSampler`` built by hand) gets ``default_state()``, over
 the global providers and the environment.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from opentelemetry.instrumentation.nemo_gym import _exporting
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
@@ -33,6 +34,8 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import SandboxFleetMetrics
+from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanProcessor
 
 LOGGER = logging.getLogger(__name__)
@@ -56,14 +59,17 @@ def sandbox_key(handle: object) -> SandboxKey:
 class SandboxEntry:
     """What the state knows about one sandbox.
 
-    ``identity`` and ``provider_id`` are set by a traced create and dropped by its close,
-    with ``allocation``, the task reading the allocation record; ``sampler`` is the one
+    ``identity``, ``provider_id`` and ``requested`` (the spec's resources, in whatever shape
+    the caller gave them, for comparing with the allocation) are set by a traced create and
+    dropped by its close, with ``allocation``, the task reading the allocation record;
+    ``sampler`` is the one
     sampler that owns the sandbox's samples, from its ``start()`` to the end of its
     ``stop()``. The entry lives while ``identity`` or ``sampler`` is set.
     """
 
     identity: dict[str, Attribute] | None = None
     provider_id: int | None = None
+    requested: object = None
     sampler: _Stoppable | None = None
     allocation: asyncio.Task[Any] | None = None
 
@@ -84,12 +90,17 @@ class SandboxRegistry:
         return self._entries.get(key)
 
     def remember(
-        self, key: SandboxKey, identity: dict[str, Attribute], provider_id: int
+        self,
+        key: SandboxKey,
+        identity: dict[str, Attribute],
+        provider_id: int,
+        requested: object = None,
     ) -> SandboxEntry:
-        """Record a sandbox created through a traced provider."""
+        """Record a sandbox created through a traced provider, with its requested resources."""
         entry = self._entries.setdefault(key, SandboxEntry())
         entry.identity = identity
         entry.provider_id = provider_id
+        entry.requested = requested
         return entry
 
     def forget(self, key: SandboxKey) -> None:
@@ -99,6 +110,7 @@ class SandboxRegistry:
             return
         entry.identity = None
         entry.provider_id = None
+        entry.requested = None
         entry.allocation = None
         if entry.sampler is None:
             del self._entries[key]
@@ -180,18 +192,27 @@ class SandboxState:
     exported; ``None`` means the global provider, looked up at each use (it may be set after
     this state is made). ``interval_s`` is the sampling interval (``None``: read the
     environment variable at each use). ``instrumentation_version`` is the version of the
-    tracer's instrumentation scope. Keyword-only parameters may be added (a meter provider for
-    fleet metrics, say) without breaking callers.
+    tracer's and the meter's instrumentation scope. ``meter_provider`` is where the fleet
+    metrics go (``gym.sandbox.creations`` and the others in ``_fleet_metrics``); ``None`` means
+    the global one, looked up at each use. Keyword-only parameters may be added without
+    breaking callers.
+
+    ``enabled`` is true until ``tracing.disable`` turns the state off: from then on its traced
+    calls pass straight through (a wrapper made while instrumented goes quiet after
+    ``uninstrument()``), though samplers already running still end with their sandboxes.
     """
 
     def __init__(
         self,
         tracer_provider: trace.TracerProvider | None = None,
         *,
+        meter_provider: metrics.MeterProvider | None = None,
         interval_s: float | None = None,
         instrumentation_version: str | None = None,
     ) -> None:
+        self.enabled = True
         self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
         self._interval_s = _checked_interval(interval_s)
         self._version = instrumentation_version
         self._tracer: trace.Tracer | None = None
@@ -217,6 +238,22 @@ class SandboxState:
         if self._tracer is None:
             self._tracer = self._tracer_provider.get_tracer(SCOPE_NAME, self._version)
         return self._tracer
+
+    @property
+    def meter_provider(self) -> metrics.MeterProvider:
+        """The given meter provider, or the global one as it is now."""
+        if self._meter_provider is not None:
+            return self._meter_provider
+        return metrics.get_meter_provider()
+
+    def fleet_metrics(self) -> SandboxFleetMetrics | None:
+        """The fleet counters of this state's meter provider (one set per provider, made on
+        first use), or ``None`` when that provider cannot make them (logged once)."""
+        try:
+            return SandboxFleetMetrics.of(self.meter_provider, version=self._version)
+        except Exception as exc:  # noqa: BLE001 - no counters is better than a failed sandbox
+            log_failure("creating the sandbox fleet metrics", exc)
+            return None
 
     @property
     def interval_s(self) -> float:

@@ -11,6 +11,12 @@ context the sandbox was created in, on the tracer of the sandbox state current t
 Records are best effort: a provider that raises or hangs still yields a record, carrying
 ``resource.error`` (the exception's type, never its text), and its exception never reaches
 the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
+
+The records also feed the state's fleet metrics (``_fleet_metrics``): an allocation record is
+compared with the sandbox's request (mismatches go on the record, in one warning per provider
+and resource, and on ``gym.sandbox.allocation.mismatches``) and carries the semantic-convention
+``container.id`` / ``container.runtime.name`` of a container; each usage sample adds the OOM
+kills since the sampler's previous sample to ``gym.sandbox.oom_kills``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     ResourceDesignator,
     ResourceProvider,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import container_identity
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
+from opentelemetry.instrumentation.nemo_gym.sandbox._scope import PROVIDER
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
@@ -327,6 +335,43 @@ class ResourceSampler:
         self._stopped = False
         self._owner = False
         self._stopping: asyncio.Task[None] | None = None
+        # This sampler's last usage sample: OOM kills are counted as the difference to it.
+        # One sampler owns a sandbox's samples, so this is the sandbox's previous sample.
+        self._last_sample: dict[str, Attribute] | None = None
+        # Read now: a close may forget the sandbox before the allocation record is answered.
+        self._requested = self._requested_resources()
+
+    @property
+    def _provider_label(self) -> str:
+        label = self.attributes.get(PROVIDER)
+        return label if isinstance(label, str) and label else self._key[0]
+
+    def _requested_resources(self) -> object:
+        """The sandbox's requested resources: the traced create's, else the requested shape
+        in this sampler's attributes (a sampler built over ``record_request(spec, ...)``)."""
+        entry = self._state.registry.get(self._key)
+        if entry is not None and entry.requested is not None:
+            return entry.requested
+        prefix = PREFIX + "requested."
+        return {
+            quantity: self.attributes[prefix + quantity]
+            for quantity in ("cpu", "memory_mib")
+            if prefix + quantity in self.attributes
+        }
+
+    def _allocation_extras(self, allocation: ResourceAllocation) -> dict[str, Attribute]:
+        """The container identity and the request comparison of an allocation record; each
+        mismatch is also warned about (once per provider and resource) and counted."""
+        fleet = self._state.fleet_metrics()
+        if fleet is None:
+            return container_identity(allocation)
+        return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
+
+    def _count_oom_kills(self, sample: dict[str, Attribute]) -> None:
+        previous, self._last_sample = self._last_sample, sample
+        fleet = self._state.fleet_metrics()
+        if fleet is not None:
+            fleet.sample_recorded(self._provider_label, previous, sample)
 
     async def record(self, kind: str, final: bool = False) -> None:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
@@ -357,8 +402,10 @@ class ResourceSampler:
             answer = await _bounded(call(self._handle), timeout)
             if kind == "allocation":
                 data = allocation_attributes(answer)
+                data.update(self._allocation_extras(answer))
             else:
                 data = _sample_attributes(answer)
+                self._count_oom_kills(data)
             # The provider's answer never overrides the sandbox's identity.
             span.set_attributes({k: v for k, v in data.items() if k not in start})
         except asyncio.CancelledError:

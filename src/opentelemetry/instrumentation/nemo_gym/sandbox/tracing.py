@@ -14,8 +14,10 @@ never its message (which may hold commands, environments or options).
 Every call belongs to a ``SandboxState`` (``_state``): the one given to ``traced_provider``,
 else the instrumentor's, else the default over the global tracer provider. ``enable()`` makes
 the instrumentor's state: the stamping span processor on its tracer provider and the bundled
-provider classes traced (``set_auto_trace``); ``disable()`` undoes both. The traced calls
-themselves, shared by wrappers and auto-traced classes, live in ``_calls``.
+provider classes traced (``set_auto_trace``); ``disable()`` undoes both and turns the state
+off. ``wrapping_for(state)`` is what the instrumentor passes to the NeMo Gym hook
+(``_nemo_gym_providers.install``) so every provider NeMo Gym builds is traced with that state.
+The traced calls themselves, shared by wrappers and auto-traced classes, live in ``_calls``.
 
 Telemetry never changes a provider's behaviour: its results and exceptions pass through
 unchanged, failures of ours are logged once and swallowed, cancellation propagates. Inside
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import wrapt
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
@@ -74,6 +76,7 @@ __all__ = [
     "sandbox_scope",
     "set_auto_trace",
     "traced_provider",
+    "wrapping_for",
 ]
 
 LOGGER = logging.getLogger(__name__)
@@ -171,6 +174,22 @@ def traced_provider(provider: Any, state: SandboxState | None = None) -> TracedS
     if isinstance(provider, TracedSandboxProvider):
         return provider
     return TracedSandboxProvider(provider, state)
+
+
+def wrapping_for(state: SandboxState) -> Callable[[Any], Any]:
+    """The function that makes a provider NeMo Gym built traced with ``state``.
+
+    A provider whose class ``state`` already auto-traces (``otel_process``, ``otel_docker``) is
+    returned as it is: its calls are traced once, by the class. Anything else gets a
+    ``traced_provider(provider, state)`` wrapper, which goes quiet once ``state`` is disabled.
+    """
+
+    def wrap(provider: Any) -> Any:
+        if type(provider) in state.patched:
+            return provider
+        return traced_provider(provider, state)
+
+    return wrap
 
 
 # --- auto-tracing the bundled provider classes ----------------------------------------------
@@ -288,25 +307,31 @@ def _processor_on(tracer_provider: trace.TracerProvider) -> SandboxSpanProcessor
 def enable(
     tracer_provider: trace.TracerProvider | None = None,
     *,
+    meter_provider: metrics.MeterProvider | None = None,
     interval_s: float | None = None,
     instrumentation_version: str | None = None,
 ) -> SandboxState:
     """Turn sandbox tracing on with a new ``SandboxState``; what ``instrument()`` calls.
 
     Spans and records go to ``tracer_provider`` (default: the global one, looked up at each
-    use), which also decides whether records are exported; ``interval_s`` is the sampling
-    interval (default: the environment variable, read at each use);
-    ``instrumentation_version`` is the tracer scope's version. Adds the stamping processor
-    (to the global provider as it is now, when none is given; with a provider that cannot
-    take one, logged at debug level and skipped), traces the bundled provider classes, and
-    makes the state current for ``traced_provider`` wrappers and samplers made without one.
+    use), which also decides whether records are exported; the fleet metrics go to
+    ``meter_provider`` (default: the global one, looked up at each use); ``interval_s`` is
+    the sampling interval (default: the environment variable, read at each use);
+    ``instrumentation_version`` is the tracer and meter scopes' version. Adds the stamping
+    processor (to the global provider as it is now, when none is given; with a provider that
+    cannot take one, logged at debug level and skipped), traces the bundled provider classes,
+    and makes the state current for ``traced_provider`` wrappers and samplers made without
+    one.
     An earlier enabled state is disabled first. Returns the state.
     """
     previous = installed_state()
     if previous is not None:
         disable(previous)
     state = SandboxState(
-        tracer_provider, interval_s=interval_s, instrumentation_version=instrumentation_version
+        tracer_provider,
+        meter_provider=meter_provider,
+        interval_s=interval_s,
+        instrumentation_version=instrumentation_version,
     )
     state.processor = _processor_on(state.tracer_provider)
     set_auto_trace(True, state)
@@ -317,12 +342,14 @@ def enable(
 def disable(state: SandboxState | None = None) -> None:
     """Turn ``state``'s sandbox tracing off (default: the enabled one); idempotent.
 
-    Its processor becomes a no-op, the bundled provider classes lose its wrappers, and it
-    stops being current. Samplers it started stop when their sandboxes close.
+    Its processor becomes a no-op, the bundled provider classes lose its wrappers, wrappers
+    made with it pass calls straight through, and it stops being current. Samplers it started
+    stop when their sandboxes close.
     """
     state = state if state is not None else installed_state()
     if state is None:
         return
+    state.enabled = False
     if state.processor is not None:
         state.processor.disable()
     set_auto_trace(False, state)
