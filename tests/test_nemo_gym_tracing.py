@@ -49,7 +49,10 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceAllocation,
     ResourceDesignator,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import TracedSandboxProvider
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    TracedSandboxProvider,
+    sandbox_scope,
+)
 from test_docker_provider import (  # the engine checks of the Docker provider's own tests
     SUITE_ID,
     SUITE_LABEL,
@@ -83,6 +86,7 @@ class Telemetry:
 
     spans: InMemorySpanExporter
     reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
     instrument_kwargs: dict[str, Any]
     elsewhere_spans: InMemorySpanExporter | None = None
     elsewhere_reader: InMemoryMetricReader | None = None
@@ -141,7 +145,9 @@ def telemetry(
     if request.param == "global":
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
-        made = Telemetry(exporter, reader, {}, providers=[tracer_provider, meter_provider])
+        made = Telemetry(
+            exporter, reader, tracer_provider, {}, providers=[tracer_provider, meter_provider]
+        )
     else:
         other_tracer, other_spans, other_meter, other_reader = sdk_providers()
         trace.set_tracer_provider(other_tracer)
@@ -149,6 +155,7 @@ def telemetry(
         made = Telemetry(
             exporter,
             reader,
+            tracer_provider,
             {"tracer_provider": tracer_provider, "meter_provider": meter_provider},
             other_spans,
             other_reader,
@@ -317,8 +324,8 @@ async def test_registered_provider_traced_capped_cpu_reported(
     telemetry: Telemetry, nemo_gym: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A provider class registered with register_provider and built by create_provider is
-    traced like ours; its CPU capped below the request is in each allocation record, logged
-    once for the provider and resource, and counted per sandbox."""
+    traced like ours, sandbox scope included; its CPU capped below the request is in each
+    allocation record, logged once for the provider and resource, and counted per sandbox."""
     provider = nemo_gym.create_provider({register(nemo_gym): {"region": "eu"}})
     assert isinstance(provider, TracedSandboxProvider)
     assert isinstance(provider.wrapped, CappedProvider)
@@ -328,6 +335,9 @@ async def test_registered_provider_traced_capped_cpu_reported(
     with caplog.at_level(logging.WARNING, logger=MISMATCH_LOGGER.name):
         for _ in range(2):
             handle = await provider.create(spec)
+            user_tracer = telemetry.tracer_provider.get_tracer("user-code")
+            with sandbox_scope(handle), user_tracer.start_as_current_span("grade"):
+                pass
             await provider.exec(handle, "echo hi")
             await provider.close(handle)
             sandbox_ids.append(handle.sandbox_id)
@@ -340,6 +350,9 @@ async def test_registered_provider_traced_capped_cpu_reported(
         "sandbox.close",
     ] * 2
     create = telemetry.finished("sandbox.create")[0]
+    grade = telemetry.finished("grade")[0]
+    assert attrs(grade)[REQUEST_ID] == attrs(create)[REQUEST_ID]
+    assert attrs(grade)[SANDBOX_ID] == sandbox_ids[0]
     assert attrs(create)[PROVIDER] == "capped"
     assert attrs(create)[PREFIX + "requested.cpu"] == 2.0
     for allocation in allocations:
