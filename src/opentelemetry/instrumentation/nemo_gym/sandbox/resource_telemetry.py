@@ -3,7 +3,8 @@
 Three layers: the value types a provider returns (``ResourceDesignator``,
 ``ComponentAllocation``, ``ResourceAllocation``, the ``ResourceProvider`` protocol, defined in
 ``_allocation`` and exported here); pure functions that turn them and a ``SandboxSpec`` into
-span attributes (no I/O, no OpenTelemetry); and the edge that emits them,
+span attributes (no I/O, no OpenTelemetry; defined in ``_attributes`` and exported here); and
+the edge that emits them,
 ``ResourceSampler``, whose records are short ``sandbox.resources`` spans parented to the
 context the sandbox was created in, on the tracer of the sandbox state current then
 (``_state``: the instrumentor's tracer provider, else the global one).
@@ -24,9 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 from opentelemetry import context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
@@ -39,11 +39,21 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     ResourceDesignator,
     ResourceProvider,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
+    allocation_attributes,
+    amount_attributes,
+    record_request,
+    requested_attributes,
+    sample_attributes,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import container_identity
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import PROVIDER
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+
+# SandboxResourceAmounts, SandboxResources and SandboxSpec were importable from here before the
+# attribute functions moved to _attributes; they stay importable for callers.
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (  # noqa: F401
     SandboxHandle,
     SandboxResourceAmounts,
     SandboxResources,
@@ -68,173 +78,12 @@ __all__ = [
 
 LOGGER = logging.getLogger(__name__)
 
-# --- attribute building: pure functions, no I/O, no OpenTelemetry -------------------------
-
-_QUANTITIES = ("cpu", "memory_mib", "disk_gib", "gpu")
-
 RECORD_SPAN_NAME = "sandbox.resources"
 
 # The longest one provider call may take inside a record. The one-off allocation read gets all
 # of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
 # provider delays neither the next sample nor ``stop()`` by more.
 PROVIDER_CALL_TIMEOUT_S = 5.0
-
-# The largest integer a span attribute can carry (signed 64-bit).
-_MAX_INT = (1 << 63) - 1
-
-
-def _string_array(values: Sequence[str]) -> Attribute:
-    # OpenTelemetry attribute values include homogeneous sequences; the page's ``Attribute``
-    # alias names only the scalars, so a string array is cast to it here, in one place.
-    return cast(Attribute, tuple(values))
-
-
-def amount_attributes(amounts: SandboxResourceAmounts, prefix: str) -> dict[str, Attribute]:
-    """Serialize shared resource quantities without losing unspecified values.
-
-    Each known quantity becomes ``prefix + name``; an absent one (``None``) is omitted, never
-    written as 0, and its name is listed in ``prefix + "unspecified"`` (a string array, left
-    out when everything is specified). ``amounts`` may be any object with the four quantity
-    attributes (nemo_gym's work duck-typed).
-    """
-    attributes: dict[str, Attribute] = {}
-    unspecified: list[str] = []
-    for name in _QUANTITIES:
-        value = getattr(amounts, name, None)
-        if value is None:
-            unspecified.append(name)
-        else:
-            attributes[prefix + name] = value
-    if unspecified:
-        attributes[prefix + "unspecified"] = _string_array(unspecified)
-    return attributes
-
-
-def _resources_of(spec: SandboxSpec) -> SandboxResources:
-    """The spec's resources as our validated type, whatever shape the caller used."""
-    resources: object = getattr(spec, "resources", None)
-    if resources is None:
-        return SandboxResources()
-    if isinstance(resources, SandboxResources):
-        return resources
-    if isinstance(resources, Mapping):
-        return SandboxResources.from_mapping(resources)
-    return SandboxResources(
-        cpu=getattr(resources, "cpu", None),
-        memory_mib=getattr(resources, "memory_mib", None),
-        disk_gib=getattr(resources, "disk_gib", None),
-        gpu=getattr(resources, "gpu", None),
-        gpu_type=getattr(resources, "gpu_type", None),
-    )
-
-
-def requested_attributes(spec: SandboxSpec) -> dict[str, Attribute]:
-    """Declared shape only. Absent values are unknown, never zero or effective allocation.
-
-    Keys are ``PREFIX + "requested.<quantity>"`` plus ``requested.gpu_type``; absent ones are
-    listed in ``requested.unspecified``. Raises ``ValueError`` naming the field for a value
-    that is NaN, infinite, negative or not a number.
-    """
-    resources = _resources_of(spec)
-    prefix = PREFIX + "requested."
-    attributes = amount_attributes(resources, prefix)
-    unspecified = list(cast(Sequence[str], attributes.pop(prefix + "unspecified", ())))
-    if resources.gpu_type is None:
-        unspecified.append("gpu_type")
-    else:
-        attributes[prefix + "gpu_type"] = resources.gpu_type
-    if unspecified:
-        attributes[prefix + "unspecified"] = _string_array(unspecified)
-    return attributes
-
-
-def record_request(spec: SandboxSpec, attributes: Mapping[str, Attribute]) -> dict[str, Attribute]:
-    """Give one logical sandbox request an identity, even if provisioning never succeeds.
-
-    Returns ``attributes`` plus ``PREFIX + "request.id"`` (a fresh uuid4 hex, unless
-    ``attributes`` already carries one: a retry of the same logical request keeps it) and the
-    requested shape. Call it before provisioning so a failed create can still be told apart.
-    Pure: it neither emits nor stores anything. Raises ``ValueError`` like
-    ``requested_attributes``.
-    """
-    recorded = dict(attributes)
-    recorded.setdefault(PREFIX + "request.id", uuid.uuid4().hex)
-    recorded.update(requested_attributes(spec))
-    return recorded
-
-
-def _designator_attributes(
-    designator: ResourceDesignator | None, prefix: str
-) -> dict[str, Attribute]:
-    if designator is None:
-        return {}
-    attributes: dict[str, Attribute] = {
-        prefix + "kind": designator.kind,
-        prefix + "id": designator.id,
-    }
-    if designator.scope is not None:
-        attributes[prefix + "scope"] = designator.scope
-    return attributes
-
-
-def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute]:
-    """Use identical OTEL keys for every provider's typed allocation.
-
-    ``allocation.source``, ``allocation.designator.{kind,id,scope}``,
-    ``allocation.host.{kind,id,scope}`` (absent parts omitted), ``allocation.components``
-    (names, in order) and, per component, ``allocation.component.<name>.requests.<quantity>``
-    and ``.limits.<quantity>`` under the rules of ``amount_attributes``.
-    """
-    prefix = PREFIX + "allocation."
-    attributes: dict[str, Attribute] = {prefix + "source": allocation.source}
-    attributes.update(_designator_attributes(allocation.designator, prefix + "designator."))
-    attributes.update(_designator_attributes(allocation.host, prefix + "host."))
-    attributes[prefix + "components"] = _string_array([c.name for c in allocation.components])
-    for component in allocation.components:
-        base = f"{prefix}component.{component.name}."
-        attributes.update(amount_attributes(component.requests, base + "requests."))
-        attributes.update(amount_attributes(component.limits, base + "limits."))
-    return attributes
-
-
-def _clean_number(value: int | float) -> bool:
-    """Whether a sample's number can be a usage figure: finite, not negative, 64-bit."""
-    if isinstance(value, bool):
-        return True
-    if isinstance(value, float) and not math.isfinite(value):
-        return False
-    return 0 <= value <= _MAX_INT
-
-
-def _sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
-    """A provider's sample with every key under ``PREFIX``.
-
-    Values no span can carry, and numbers that cannot be usage (NaN, infinite, negative, or
-    beyond 64 bits), are dropped and logged once per key: a broken reading is absent, never
-    exported.
-    """
-    attributes: dict[str, Attribute] = {}
-    for key, value in sample.items():
-        if not isinstance(key, str):
-            log_once(("sample-key", type(key).__name__), "dropping a sample key that is no string")
-            continue
-        name = key if key.startswith(PREFIX) else PREFIX + key
-        if isinstance(value, int | float) and not _clean_number(value):
-            log_once(
-                ("sample-number", name), "dropping sample value %s: %r is not usage", name, value
-            )
-        elif isinstance(value, str | int | float | bool):
-            attributes[name] = value
-        elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
-            attributes[name] = _string_array(cast(Sequence[str], value))
-        else:
-            log_once(
-                ("sample-value", name),
-                "dropping sample value %s of type %s",
-                name,
-                type(value).__name__,
-            )
-    return attributes
 
 
 # --- the edge: records as spans, and the sampler -------------------------------------------
@@ -404,7 +253,7 @@ class ResourceSampler:
                 data = allocation_attributes(answer)
                 data.update(self._allocation_extras(answer))
             else:
-                data = _sample_attributes(answer)
+                data = sample_attributes(answer)
                 self._count_oom_kills(data)
             # The provider's answer never overrides the sandbox's identity.
             span.set_attributes({k: v for k, v in data.items() if k not in start})

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -49,7 +50,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ComponentAllocation,
     ResourceAllocation,
     ResourceDesignator,
-    _resources_of,
 )
 
 __all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ProcessSandboxProvider"]
