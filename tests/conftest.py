@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -15,6 +16,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
+
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    QueueTimedTCPConnector,
+)
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -134,3 +140,140 @@ def global_tracer_provider(tracer_provider: TracerProvider) -> Iterator[TracerPr
     trace.set_tracer_provider(tracer_provider)
     yield tracer_provider
     reset_trace_globals()
+
+
+# --- held requests: deterministic pool saturation ---------------------------------------------
+
+
+async def eventually(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
+    """Yield to the event loop until ``condition()`` holds; fail after ``bound_s`` seconds.
+
+    The bound only stops a broken test: tests wait for states (a request held, a request
+    queued), never for an amount of time.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not reached within {bound_s} s: {what}")
+        await asyncio.sleep(0.001)
+
+
+class GatedServer:
+    """A real loopback aiohttp server whose ``/hold`` requests wait until the test opens a gate.
+
+    ``/`` answers ``ok`` at once; ``/hold`` answers ``ok`` once ``open()`` has been called;
+    ``/redirect?to=URL`` answers 302 to ``URL``. ``held`` is the number of requests waiting at
+    the gate right now, ``requests`` the number received. Connections are kept alive.
+    """
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.port = 0
+        self.held = 0
+        self.requests = 0
+        self._gate = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        if request.path == "/redirect":
+            raise web.HTTPFound(request.query["to"])
+        if request.path == "/hold":
+            self.held += 1
+            try:
+                await self._gate.wait()
+            finally:
+                self.held -= 1
+        return web.Response(text="ok")
+
+    def open(self) -> None:
+        """Let every held request, and every later one, answer."""
+        self._gate.set()
+
+    async def until_held(self, count: int) -> None:
+        """Wait until exactly ``count`` requests are held at the gate."""
+        await eventually(lambda: self.held == count, f"{count} requests held on {self.url}")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self._answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None)
+        assert sockets
+        self.port = sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.open()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+GatedServerFactory = Callable[..., Awaitable[GatedServer]]
+
+
+@pytest.fixture
+async def gated_server() -> AsyncIterator[GatedServerFactory]:
+    """Start gated loopback servers: ``server = await gated_server("127.0.0.2")``."""
+    servers: list[GatedServer] = []
+
+    async def start(host: str = "127.0.0.1") -> GatedServer:
+        server = GatedServer(host)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+def queued(connector: object) -> int:
+    """Requests waiting for a slot in ``connector`` (aiohttp's ``_waiters``), read directly."""
+    waiters = getattr(connector, "_waiters", {})
+    return sum(len(per_key) for per_key in waiters.values())
+
+
+def metric_points(data: Any, name: str) -> list[Any]:
+    """Every data point of metric ``name`` in one collection (``reader.get_metrics_data()``)."""
+    return [
+        point
+        for resource_metrics in (data.resource_metrics if data is not None else ())
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+def metric_names(data: Any) -> set[str]:
+    """The names of every metric with at least one data point in one collection."""
+    return {
+        metric.name
+        for resource_metrics in (data.resource_metrics if data is not None else ())
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.data.data_points
+    }
+
+
+@pytest.fixture
+def pool_telemetry(meter_provider: MeterProvider) -> PoolTelemetry:
+    """The ``PoolTelemetry`` of the test's own SDK meter provider (cap of 100 labels)."""
+    return PoolTelemetry.of(meter_provider, version="test", max_server_names=100)
+
+
+def timed_connector(telemetry: PoolTelemetry, **kwargs: Any) -> QueueTimedTCPConnector:
+    """A ``QueueTimedTCPConnector`` built with ``kwargs`` that records into ``telemetry``."""
+    connector = QueueTimedTCPConnector(**kwargs)
+    connector._nemo_gym_attach(telemetry)
+    return connector
