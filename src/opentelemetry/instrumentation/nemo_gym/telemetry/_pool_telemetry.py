@@ -474,6 +474,9 @@ class PoolTelemetry:
     def _reinit_locks_after_fork(self) -> None:
         self._labels_lock = threading.Lock()
         self._collect_lock = threading.Lock()
+        # The log-once memory has a lock of its own (taken when the label cap is first hit);
+        # the child starts with a fresh one, and so may log each problem once more.
+        self._failures = OnceLog(logger)
 
 
 def _destination_attributes(where: Destination) -> dict[str, str | int]:
