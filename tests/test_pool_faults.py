@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import subprocess
 import sys
 import textwrap
@@ -253,7 +254,12 @@ _FORK_SCRIPT = textwrap.dedent(
     holding, release = threading.Event(), threading.Event()
 
     def hold_locks():
-        with telemetry._labels_lock, telemetry._collect_lock, _pool_telemetry._BY_PROVIDER_LOCK:
+        with (
+            telemetry._labels_lock,
+            telemetry._collect_lock,
+            telemetry._failures._lock,
+            _pool_telemetry._BY_PROVIDER_LOCK,
+        ):
             holding.set()
             release.wait(60)
 
@@ -273,14 +279,18 @@ _FORK_SCRIPT = textwrap.dedent(
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
         try:
-            token = connection_pool.set_server_name("from-child")  # a new label: admitted
             connector = connection_pool.QueueTimedTCPConnector()
+            texts = []
             async with aiohttp.ClientSession(connector=connector) as session:
-                async with session.get(f"http://127.0.0.1:{port}/") as response:
-                    text = await response.text()
-            connection_pool.reset_server_name(token)
+                # The first new label is admitted; the second is over the cap of one, which
+                # logs a warning once: both take locks the parent's thread holds.
+                for label in ("from-child", "over-the-cap"):
+                    token = connection_pool.set_server_name(label)
+                    async with session.get(f"http://127.0.0.1:{port}/") as response:
+                        texts.append(await response.text())
+                    connection_pool.reset_server_name(token)
             reader.get_metrics_data()  # a collection takes the collect lock
-            return text, connection_pool._connect_count_snapshot()
+            return "+".join(texts), connection_pool._connect_count_snapshot()
         finally:
             await runner.cleanup()
 
@@ -289,7 +299,8 @@ _FORK_SCRIPT = textwrap.dedent(
         try:
             text, counts = asyncio.run(child_main())
             print("child:", text, counts, flush=True)
-            os._exit(0 if (text, counts) == ("ok", {"from-child": 1}) else 3)
+            expected = ("ok+ok", {"from-child": 1, "other": 1})
+            os._exit(0 if (text, counts) == expected else 3)
         except BaseException as error:
             print("child failed:", repr(error), flush=True)
             os._exit(4)
@@ -310,18 +321,20 @@ _FORK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not hasattr(sys.modules["os"], "fork"), reason="needs os.fork")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_while_telemetry_locks_held_child_still_works() -> None:
-    """A child forked while another thread holds the telemetry's locks requests and collects."""
+    """A child forked while another thread holds the telemetry's locks requests, logs, collects."""
+    environment = {**os.environ, "OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES": "1"}
     result = subprocess.run(
         [sys.executable, "-c", _FORK_SCRIPT],
+        env=environment,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "child: ok {'from-child': 1}" in result.stdout
+    assert "child: ok+ok {'from-child': 1, 'other': 1}" in result.stdout
 
 
 # --- 9: suppress_instrumentation -------------------------------------------------------------
