@@ -148,6 +148,30 @@ async def test_instrument_explicit_provider_not_global_one(
         await direct.close()
 
 
+async def test_connector_keeps_provider_it_was_built_under(
+    instrumentor: NemoGymInstrumentor,
+    gated_server: GatedServerFactory,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    second_reader: tuple[MeterProvider, InMemoryMetricReader],
+) -> None:
+    """A connector records into the provider of the instrument() it was built under, for good."""
+    later_provider, later_reader = second_reader
+    server = await gated_server("127.0.0.1")
+    instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
+    connector = aiohttp.TCPConnector(limit=1)
+    instrumentor.uninstrument()
+    instrumentor.instrument(meter_provider=later_provider, sandbox_resources=False)
+    try:
+        await saturate(connector, server, 2)
+        assert waits(metric_reader) == {("total", "ok", "external"): 1}
+        assert connects(metric_reader) == {"external": 2}
+        assert waits(later_reader) == {}
+        assert connects(later_reader) == {}
+    finally:
+        await connector.close()
+
+
 async def test_connector_bound_again_is_reported_by_new_telemetry_only(
     gated_server: GatedServerFactory,
     global_meter_provider: MeterProvider,
