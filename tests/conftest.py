@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from opentelemetry import metrics, trace
@@ -17,9 +18,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
 
+from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
+    ATTR_QUEUE_CONSTRAINT,
+    ATTR_QUEUE_OUTCOME,
+    ATTR_SERVER_NAME,
+    CONNECT_TOTAL,
+    QUEUE_DURATION,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
+    reset_server_name,
+    set_server_name,
 )
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
@@ -277,3 +287,92 @@ def timed_connector(telemetry: PoolTelemetry, **kwargs: Any) -> QueueTimedTCPCon
     connector = QueueTimedTCPConnector(**kwargs)
     connector._nemo_gym_attach(telemetry)
     return connector
+
+
+# --- pool metrics and requests, shared by the pool tests ---------------------------------------
+
+
+def queue_waits(reader: InMemoryMetricReader) -> dict[tuple[str, str, str], int]:
+    """Queue-wait sample counts per (constraint, outcome, destination label)."""
+    return {
+        (
+            str(point.attributes[ATTR_QUEUE_CONSTRAINT]),
+            str(point.attributes[ATTR_QUEUE_OUTCOME]),
+            str(point.attributes[ATTR_SERVER_NAME]),
+        ): point.count
+        for point in metric_points(reader.get_metrics_data(), QUEUE_DURATION)
+        if point.count
+    }
+
+
+def connect_counts(reader: InMemoryMetricReader) -> dict[str, int]:
+    """connect_total per destination label."""
+    return {
+        str(point.attributes[ATTR_SERVER_NAME]): point.value
+        for point in metric_points(reader.get_metrics_data(), CONNECT_TOTAL)
+    }
+
+
+async def fetch(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    label: str | None = None,
+    timeout: aiohttp.ClientTimeout | None = None,  # noqa: ASYNC109 - aiohttp's own timeout
+) -> str:
+    """GET ``url`` (under destination label ``label`` when given) and return the body."""
+    token = set_server_name(label) if label is not None else None
+    try:
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        async with session.get(url, **kwargs) as response:
+            return await response.text()
+    finally:
+        if token is not None:
+            reset_server_name(token)
+
+
+async def outcome(awaitable: Any) -> BaseException | str:
+    """What awaiting ``awaitable`` gave: its result or the exception it raised."""
+    try:
+        return str(await awaitable)
+    except BaseException as error:  # the test compares exactly what was raised
+        return error
+
+
+async def timeout_while_queued(
+    connector: aiohttp.TCPConnector, server: GatedServer
+) -> tuple[BaseException | str, aiohttp.ClientSession, asyncio.Task[str]]:
+    """Hold the connector's only slot, then let a second request's connect timeout expire.
+
+    Returns what the queued request raised, the session and the still-held request.
+    """
+    session = aiohttp.ClientSession(connector=connector)
+    held_before = server.held
+    holder = asyncio.create_task(fetch(session, f"{server.url}/hold"))
+    await server.until_held(held_before + 1)
+    caught = await outcome(
+        fetch(session, f"{server.url}/", timeout=aiohttp.ClientTimeout(connect=0.05))
+    )
+    return caught, session, holder
+
+
+async def cancel_while_queued(
+    connector: aiohttp.TCPConnector, server: GatedServer
+) -> tuple[BaseException | str, aiohttp.ClientSession, asyncio.Task[str]]:
+    """Hold the connector's only slot, queue a second request and cancel it while it waits."""
+    session = aiohttp.ClientSession(connector=connector)
+    held_before = server.held
+    holder = asyncio.create_task(fetch(session, f"{server.url}/hold"))
+    await server.until_held(held_before + 1)
+    waiting = asyncio.create_task(fetch(session, f"{server.url}/"))
+    await eventually(lambda: queued(connector) == 1, "the second request queued")
+    waiting.cancel()
+    return await outcome(waiting), session, holder
+
+
+def same_failure(plain: BaseException | str, timed: BaseException | str) -> None:
+    """Both raised, the same exception type with the same message."""
+    assert isinstance(plain, BaseException), plain
+    assert isinstance(timed, BaseException), timed
+    assert type(timed) is type(plain)
+    assert str(timed) == str(plain)

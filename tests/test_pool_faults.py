@@ -22,16 +22,16 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import GatedServer, GatedServerFactory, eventually, metric_points, queued
+from conftest import (
+    GatedServer,
+    GatedServerFactory,
+    connect_counts,
+    eventually,
+    queue_waits,
+    queued,
+)
 from conftest import timed_connector as make_timed
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
-    ATTR_QUEUE_CONSTRAINT,
-    ATTR_QUEUE_OUTCOME,
-    ATTR_SERVER_NAME,
-    CONNECT_TOTAL,
-    QUEUE_DURATION,
-)
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
@@ -56,25 +56,6 @@ def second_reader() -> Iterator[tuple[MeterProvider, InMemoryMetricReader]]:
     provider = MeterProvider(metric_readers=[reader])
     yield provider, reader
     provider.shutdown()
-
-
-def connects(reader: InMemoryMetricReader) -> dict[str, int]:
-    return {
-        str(p.attributes[ATTR_SERVER_NAME]): p.value
-        for p in metric_points(reader.get_metrics_data(), CONNECT_TOTAL)
-    }
-
-
-def waits(reader: InMemoryMetricReader) -> dict[tuple[str, str, str], int]:
-    return {
-        (
-            str(p.attributes[ATTR_QUEUE_CONSTRAINT]),
-            str(p.attributes[ATTR_QUEUE_OUTCOME]),
-            str(p.attributes[ATTR_SERVER_NAME]),
-        ): p.count
-        for p in metric_points(reader.get_metrics_data(), QUEUE_DURATION)
-        if p.count
-    }
 
 
 async def get(session: aiohttp.ClientSession, url: str) -> str:
@@ -117,8 +98,8 @@ async def test_explicit_providers_each_report_only_their_connectors(
             assert await get(one, server.url) == "ok"
         for _ in range(5):
             assert await get(two, server.url) == "ok"
-        assert connects(metric_reader) == {"external": 3}
-        assert connects(other_reader) == {"external": 5}
+        assert connect_counts(metric_reader) == {"external": 3}
+        assert connect_counts(other_reader) == {"external": 5}
 
 
 async def test_instrument_explicit_provider_not_global_one(
@@ -139,10 +120,10 @@ async def test_instrument_explicit_provider_not_global_one(
         await saturate(patched, server, 3)
         async with aiohttp.ClientSession(connector=direct, connector_owner=False) as session:
             assert await get(session, server.url) == "ok"
-        assert connects(explicit_reader) == {"external": 4}
-        assert waits(explicit_reader) == {("total", "ok", "external"): 2}
-        assert connects(metric_reader) == {}
-        assert waits(metric_reader) == {}
+        assert connect_counts(explicit_reader) == {"external": 4}
+        assert queue_waits(explicit_reader) == {("total", "ok", "external"): 2}
+        assert connect_counts(metric_reader) == {}
+        assert queue_waits(metric_reader) == {}
     finally:
         await patched.close()
         await direct.close()
@@ -164,10 +145,10 @@ async def test_connector_keeps_provider_it_was_built_under(
     instrumentor.instrument(meter_provider=later_provider, sandbox_resources=False)
     try:
         await saturate(connector, server, 2)
-        assert waits(metric_reader) == {("total", "ok", "external"): 1}
-        assert connects(metric_reader) == {"external": 2}
-        assert waits(later_reader) == {}
-        assert connects(later_reader) == {}
+        assert queue_waits(metric_reader) == {("total", "ok", "external"): 1}
+        assert connect_counts(metric_reader) == {"external": 2}
+        assert queue_waits(later_reader) == {}
+        assert connect_counts(later_reader) == {}
     finally:
         await connector.close()
 
@@ -189,8 +170,8 @@ async def test_connector_bound_again_is_reported_by_new_telemetry_only(
         )
         assert await get(session, server.url) == "ok"
         assert await get(session, server.url) == "ok"
-        assert connects(metric_reader) == {"external": 1}
-        assert connects(other_reader) == {"external": 2}
+        assert connect_counts(metric_reader) == {"external": 1}
+        assert connect_counts(other_reader) == {"external": 2}
 
 
 # --- 5: copy.copy ----------------------------------------------------------------------------
@@ -211,7 +192,7 @@ async def test_copied_connector_while_instrumented_serves_queued_requests(
         assert type(copied) is QueueTimedTCPConnector
         assert copied.limit == 1
         await saturate(copied, server, 3)
-        assert waits(metric_reader) == {("total", "ok", "external"): 2}
+        assert queue_waits(metric_reader) == {("total", "ok", "external"): 2}
     finally:
         await copied.close()
         await original.close()
@@ -253,7 +234,7 @@ async def test_introspection_error_classifies_wait_unknown_and_request_succeeds(
         len(connector._acquired)
     await saturate(connector, server, 3)
     await connector.close()
-    assert waits(metric_reader) == {("unknown", "ok", "external"): 2}
+    assert queue_waits(metric_reader) == {("unknown", "ok", "external"): 2}
 
 
 # --- 8: fork ---------------------------------------------------------------------------------
@@ -406,4 +387,4 @@ async def test_suppress_instrumentation_queue_waits_inside_not_recorded(
         await eventually(lambda: queued(connector) == 3, "a visible request queued")
         server.open()
         assert await asyncio.gather(holder, *hidden, visible) == ["ok"] * 4
-    assert waits(metric_reader) == {("total", "ok", "external"): 1}
+    assert queue_waits(metric_reader) == {("total", "ok", "external"): 1}
