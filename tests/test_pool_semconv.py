@@ -112,6 +112,9 @@ def _page_004_waits(data: Any) -> dict[tuple[str, str, str], int]:
 def _assert_semconv_waits(data: Any, server: GatedServer) -> None:
     points = metric_points(data, names.TIME_IN_QUEUE)
     by_error = {p.attributes.get(names.ATTR_ERROR_TYPE): p for p in points}
+    # The abandoned wait ended by the connect timeout: aiohttp's timeout interrupts the wait
+    # with the CancelledError of asyncio.timeout, which only becomes TimeoutError above the
+    # wait, so that is the type the wait sees (indistinguishable there from a cancellation).
     assert set(by_error) == {None, "asyncio.exceptions.CancelledError"}
     common = {
         names.ATTR_SERVER_ADDRESS: "127.0.0.1",
