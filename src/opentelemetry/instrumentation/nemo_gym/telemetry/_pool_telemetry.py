@@ -251,6 +251,14 @@ class PoolTelemetry:
         connectors[key] = weakref.ref(connector, retire)
         return counts
 
+    def detach(self, connector: Any) -> None:
+        """Stop reading ``connector``; what it counted so far stays in this telemetry's totals."""
+        # Dropping the weak reference also drops its callback, so the counts are retired here.
+        if self._connectors.pop(id(connector), None) is not None:
+            counts = getattr(connector, "_nemo_gym_counts", None)
+            if isinstance(counts, ConnectorCounts):
+                self._retired.append(counts)
+
     def admit(self, label: str) -> str:
         """``label`` while under the distinct-label cap, else ``other`` (warning once)."""
         if label in self._labels:
@@ -466,6 +474,9 @@ class PoolTelemetry:
     def _reinit_locks_after_fork(self) -> None:
         self._labels_lock = threading.Lock()
         self._collect_lock = threading.Lock()
+        # The log-once memory has a lock of its own (taken when the label cap is first hit);
+        # the child starts with a fresh one, and so may log each problem once more.
+        self._failures = OnceLog(logger)
 
 
 def _destination_attributes(where: Destination) -> dict[str, str | int]:

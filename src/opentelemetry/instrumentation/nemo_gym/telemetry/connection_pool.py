@@ -190,8 +190,14 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
     def _nemo_gym_attach(self, telemetry: PoolTelemetry | None) -> None:
         """Bind this connector to ``telemetry`` (``None``: count nothing anywhere).
 
-        Also how the instrumentor turns a just-built ``TCPConnector`` into one of these.
+        Binding again moves the connector: the telemetry it was bound to keeps what it counted
+        so far and stops reading it, so no meter provider reports a connector twice.
         """
+        previous = getattr(self, "_nemo_gym_pool", None)
+        if previous is not None:
+            if previous is telemetry:
+                return
+            previous.detach(self)
         self._nemo_gym_pool = telemetry
         self._nemo_gym_counts = (
             telemetry.attach(self) if telemetry is not None else ConnectorCounts()
