@@ -37,14 +37,22 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
-from opentelemetry.instrumentation.nemo_gym import _settings
+from opentelemetry.instrumentation.nemo_gym import _settings, _status
 from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     patch_tcp_connector,
     unpatch_tcp_connector,
 )
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as sandbox_tracing
+
+# The two functions, not the module: pydoc lists a module-valued attribute that is not a
+# direct submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    disable as _disable_sandbox_tracing,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    enable as _enable_sandbox_tracing,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     bind_instruments,
     instruments_for,
@@ -66,7 +74,36 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
+    # --- first5 (issue 11): `instrument` spelled out so help() shows its keywords -----------
+    def instrument(
+        self,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        connection_pool: bool | None = None,
+        sandbox_resources: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Turn the instrumentation on; a failure inside is logged, never raised.
+
+        ``meter_provider`` / ``tracer_provider``: default the global providers, resolved at
+        each connector construction. ``connection_pool`` / ``sandbox_resources``: default
+        ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true). Other
+        keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
+        INFO line saying which capabilities are active and, for one that is not, why.
+        """
+        super().instrument(
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+            connection_pool=connection_pool,
+            sandbox_resources=sandbox_resources,
+            **kwargs,
+        )
+
+    # --- end first5 ---------------------------------------------------------------------------
+
     def _instrument(self, **kwargs: Any) -> None:
+        _settings.validate_all()  # first5 (issue 11): every bad variable warns now, once
         connection_pool = kwargs.get("connection_pool")
         if connection_pool is None:
             connection_pool = _settings.connection_pool_enabled()
@@ -84,6 +121,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._instrument_sandbox(kwargs.get("tracer_provider"))
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
+        _status.log_status(kwargs)  # first5 (issue 11): the one INFO line, on/off and why
 
     @staticmethod
     def _instrument_connection_pool(meter_provider: metrics.MeterProvider | None) -> None:
@@ -110,7 +148,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     @staticmethod
     def _instrument_sandbox(tracer_provider: trace.TracerProvider | None) -> None:
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        sandbox_tracing.enable(provider)
+        _enable_sandbox_tracing(provider)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         try:
@@ -119,6 +157,6 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
         try:
-            sandbox_tracing.disable()
+            _disable_sandbox_tracing()
         except Exception:
             logger.exception("nemo_gym: disabling sandbox instrumentation failed")
