@@ -47,7 +47,7 @@ def _common_refusal(
         return f"{OTEL_SDK_DISABLED}=true"
     if not isinstance(provider, sdk_class):
         return (
-            f"no SDK {kind} (the global one is a {type(provider).__name__}; "
+            f"no SDK {kind} (the global one is a {type(provider).__name__.lstrip('_')}; "
             f"{_INSTALL_HINT.format(kind=kind)})"
         )
     if getattr(provider, "_disabled", False):
