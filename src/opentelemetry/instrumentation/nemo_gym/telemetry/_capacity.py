@@ -78,6 +78,17 @@ CONFIG_FIELD_NAMES = FieldNames(
     skip_check="set it to None",
 )
 
+# Suggestions in the logged report: the configuration may be NeMo Gym's fields or one
+# aiohttp.TCPConnector(limit=..., limit_per_host=...) scaled to its group, so plain words.
+PLAIN_NAMES = FieldNames(
+    limit="the total limit",
+    limit_per_host="the per-host limit",
+    intended="the intended concurrency",
+    intended_per_host="the intended per-host concurrency",
+    workers="workers",
+    skip_check="leave it unset",
+)
+
 
 def _display_limit(limit: int) -> str:
     return "unlimited" if limit == 0 else str(limit)
@@ -242,7 +253,7 @@ def capacity_warnings(
     capacity: ConnectionPoolCapacity,
     fd_soft_limit: int | None,
     ephemeral_ports: int | None,
-    names: FieldNames = CONFIG_FIELD_NAMES,
+    names: FieldNames = PLAIN_NAMES,
 ) -> list[str]:
     """The unsafe mismatches between intended demand and capacity; limits alone never warn.
 
@@ -259,7 +270,7 @@ def capacity_warnings(
             f"intended per-worker concurrency {intended} exceeds effective total limit "
             f"{capacity.total} ({group}): the excess requests queue for a pool slot and the "
             f"wait looks like server latency; raise {names.limit} to at least "
-            f"{intended * workers}, or to 0 for unlimited"
+            f"{intended * workers} (0 for unlimited)"
         )
     if intended_per_host is not None and effective and intended_per_host > effective:
         # Either limit may be what binds one destination; name each one that is too small.
@@ -274,7 +285,7 @@ def capacity_warnings(
         warnings.append(
             f"intended per-host concurrency {intended_per_host} exceeds effective per-host "
             f"limit {effective} ({group}): requests to one destination queue; raise "
-            f"{' and '.join(raise_)}, or set it to 0 for unlimited"
+            f"{' and '.join(raise_)} (0 for unlimited)"
         )
     aggregate_per_host = cfg.global_aiohttp_intended_concurrency_per_host
     if (
