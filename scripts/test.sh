@@ -2,11 +2,20 @@
 # Run the test suite in a project virtualenv, creating it and installing the package with its
 # test extra first. Arguments go to pytest.
 #   VENV=.venv (default)        the virtualenv to use or create
+#   PYTHON=python3 (default)    the interpreter that creates it, e.g. PYTHON=python3.13
+#                               VENV=.venv-py313 (pyenv's interpreters are found too)
 #   AIOHTTP_SPEC='aiohttp==3.10.11'   pin aiohttp in that virtualenv (CI's lowest-version run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+python="${PYTHON:-python3}"
+if ! "$python" -c '' 2>/dev/null; then
+  # pyenv's versions need not be on PATH (or its shim refuses one that is not selected):
+  # python3.13 -> ~/.pyenv/versions/3.13.*/bin/python3.13
+  found="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"${python#python}"*/bin/"$python" 2>/dev/null | sort -V | tail -n 1)"
+  python="${found:?no $python on PATH or in pyenv}"
+fi
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
 exec "$venv/bin/python" -m pytest "$@"
