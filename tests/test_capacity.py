@@ -268,7 +268,7 @@ def test_report_warns_intended_above_total(caplog: pytest.LogCaptureFixture) -> 
         "intended per-worker concurrency 15 exceeds effective total limit 10 (2 workers)"
         in (warnings[0])
     )
-    assert "raise global_aiohttp_connector_limit to at least 30" in warnings[0]
+    assert "raise the total limit to at least 30" in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_per_host_limit(
@@ -281,7 +281,7 @@ def test_report_warns_intended_per_host_above_per_host_limit(
         "intended per-host concurrency 6 exceeds effective per-host limit 5 (1 worker)"
         in (warnings[0])
     )
-    assert "raise global_aiohttp_connector_limit_per_host to at least 6" in warnings[0]
+    assert "raise the per-host limit to at least 6" in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_total_as_effective_limit(
@@ -292,7 +292,7 @@ def test_report_warns_intended_per_host_above_total_as_effective_limit(
     assert len(warnings) == 1
     assert "exceeds effective per-host limit 4 " in warnings[0]
     # The total is what binds here, so the total is what to raise.
-    assert "raise global_aiohttp_connector_limit to at least 5," in warnings[0]
+    assert "raise the total limit to at least 5 " in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_ephemeral_ports(

@@ -77,7 +77,7 @@ def test_main_unsafe_mismatch_exits_1(capsys: pytest.CaptureFixture[str]) -> Non
     assert captured.err.splitlines() == [
         "warning: intended per-worker concurrency 75 exceeds effective total limit 25 "
         "(4 workers): the excess requests queue for a pool slot and the wait looks like "
-        "server latency; raise --limit to at least 300, or to 0 for unlimited"
+        "server latency; raise --limit to at least 300 (0 for unlimited)"
     ]
 
 
