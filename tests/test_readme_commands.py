@@ -61,6 +61,14 @@ MUST_SHOW = {
     "examples/sandbox.py": ("How to read it:",),
     "--json": ('"safe": true', '"exit_code": 0'),
 }
+MUST_NOT_SHOW = {
+    "opentelemetry-instrument": (
+        "Failed to auto initialize OpenTelemetry",
+        "Attempting to instrument while already instrumented",
+        "Traceback",
+    ),
+    "quickstart": ("Traceback",),
+}
 # Values that differ between machines, in output lines the README shows.
 MACHINE_VALUES = re.compile(r"(file_descriptor_soft_limit|ephemeral_ports_per_destination)=\S+")
 
@@ -126,7 +134,7 @@ def test_readme_commands_all_accounted_for() -> None:
     assert len(names) == len(set(names)), "a README command appears twice"
     for command in [*NOT_RUN_HERE, *INSTALL_SEQUENCE]:
         assert command in names, f"{command!r} is no longer in the README"
-    for fragment in [*EXIT_STATUS, *MUST_SHOW]:
+    for fragment in [*EXIT_STATUS, *MUST_SHOW, *MUST_NOT_SHOW]:
         assert any(fragment in name for name in names), f"{fragment!r} matches no command"
     assert len(RUN_AS_WRITTEN) >= 6
 
@@ -146,6 +154,10 @@ def test_readme_command_runs_as_written(command: str, shown: list[str]) -> None:
         if fragment in command:
             for needle in needles:
                 assert needle in output, f"{needle!r} missing from the output:\n{output[-4000:]}"
+    for fragment, needles in MUST_NOT_SHOW.items():
+        if fragment in command:
+            for needle in needles:
+                assert needle not in output, f"{needle!r} in the output:\n{output[-4000:]}"
     actual_lines = {MACHINE_VALUES.sub(r"\1=…", line) for line in output.splitlines()}
     for line in shown:
         assert MACHINE_VALUES.sub(r"\1=…", line) in actual_lines, f"README shows {line!r}"
