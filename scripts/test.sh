@@ -15,7 +15,14 @@ if ! "$python" -c '' 2>/dev/null; then
   found="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"${python#python}"*/bin/"$python" 2>/dev/null | sort -V | tail -n 1)"
   python="${found:?no $python on PATH or in pyenv}"
 fi
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  # A bare Debian or Ubuntu has no ensurepip: venv then fails, or leaves a venv without pip.
+  "$python" -m venv --clear "$venv" || {
+    echo "could not create $venv: on Debian or Ubuntu, install python3-venv first" \
+      "(sudo apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
 exec "$venv/bin/python" -m pytest "$@"
