@@ -33,9 +33,9 @@ class Config:
 @pytest.fixture(autouse=True)
 def _fresh_reports() -> Iterator[None]:
     """Each test may report every configuration afresh."""
-    connection_pool._reset_for_tests()
+    connection_pool._REPORTED_CAPACITIES.clear()
     yield
-    connection_pool._reset_for_tests()
+    connection_pool._REPORTED_CAPACITIES.clear()
 
 
 def _report(

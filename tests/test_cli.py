@@ -18,9 +18,9 @@ from opentelemetry.instrumentation.nemo_gym.version import __version__
 @pytest.fixture(autouse=True)
 def _fresh_reports() -> Iterator[None]:
     """Each invocation reports as a fresh process would."""
-    connection_pool._reset_for_tests()
+    connection_pool._REPORTED_CAPACITIES.clear()
     yield
-    connection_pool._reset_for_tests()
+    connection_pool._REPORTED_CAPACITIES.clear()
 
 
 def _capacity_args(limit: str, per_host: str, workers: str, *extra: str) -> list[str]:

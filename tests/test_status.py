@@ -176,3 +176,12 @@ def test_status_line_is_pure_text() -> None:
         "instrument()); sandbox_resources=off (sandbox_resources=False was passed to "
         "instrument())"
     )
+
+
+def test_status_line_boolean_string_argument() -> None:
+    """A boolean string argument (as instrument() accepts) is read like the variable's values."""
+    line = _status.status_line({"connection_pool": "off", "sandbox_resources": "no"})
+    assert line == (
+        "nemo_gym instrumentation: connection_pool=off (connection_pool='off' was passed to "
+        "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument())"
+    )

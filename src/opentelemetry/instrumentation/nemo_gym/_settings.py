@@ -30,18 +30,26 @@ def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
     _ONCE((name, raw), logging.WARNING, "%s=%r is not %s; %s", name, raw, expected, fallback)
 
 
-def read_bool(name: str, default: bool) -> bool:
-    """Return the boolean value of ``name``: true/false, 1/0, yes/no, on/off."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
+def parse_bool(raw: str) -> bool | None:
+    """``True`` or ``False`` for true/false, 1/0, yes/no, on/off (any case); else ``None``."""
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    _warn_once(name, raw, "a boolean (true or false)", default)
-    return default
+    return None
+
+
+def read_bool(name: str, default: bool) -> bool:
+    """Return the boolean value of ``name``: true/false, 1/0, yes/no, on/off."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    parsed = parse_bool(raw)
+    if parsed is None:
+        _warn_once(name, raw, "a boolean (true or false)", default)
+        return default
+    return parsed
 
 
 def read_int(name: str, default: int | None, *, minimum: int) -> int | None:

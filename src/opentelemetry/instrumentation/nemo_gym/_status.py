@@ -22,11 +22,13 @@ logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
 def _switched_off(kwargs: Mapping[str, Any], argument: str, variable: str) -> str | None:
     """Why a capability was turned off by the caller or the environment, or None if it was not.
 
-    Mirrors ``_instrument``: an explicit argument wins, else the variable decides.
+    Mirrors ``_instrument``: an argument that is a bool or a boolean string wins, anything
+    else (``None`` included) leaves the decision to the variable.
     """
     value = kwargs.get(argument)
-    if value is not None:
-        return None if value else f"{argument}=False was passed to instrument()"
+    chosen = _settings.parse_bool(value) if isinstance(value, str) else value
+    if isinstance(chosen, bool):
+        return None if chosen else f"{argument}={value!r} was passed to instrument()"
     enabled = (
         _settings.connection_pool_enabled()
         if argument == "connection_pool"
