@@ -146,6 +146,7 @@ def test_readme_commands_all_accounted_for() -> None:
     assert len(RUN_AS_WRITTEN) >= 6
 
 
+@once
 @pytest.mark.parametrize(("command", "shown"), RUN_AS_WRITTEN, ids=[c for c, _ in RUN_AS_WRITTEN])
 def test_readme_command_runs_as_written(command: str, shown: list[str]) -> None:
     """The command succeeds from the repository root and prints what the README shows."""
