@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 OTHER_LABEL: Final = "other"
 DEFAULT_BATCH_SIZE: Final = 128
+_MAX_CACHED_ATTRIBUTE_SETS: Final = 4096
 
 # A queue-wait sample as the hot path leaves it: seconds waited, binding constraint, the
 # exception type that ended the wait (None when it ended with a slot), destination label,
@@ -329,6 +330,10 @@ class PoolTelemetry:
             semconv = self._semconv_attributes.get(semconv_key)
             if semconv is None:
                 semconv = self._semconv_wait_attributes(where, constraint, error_type, label)
+                # server.address is not bounded like the labels are: a client that talks to
+                # ever-new hosts must not grow this cache without end.
+                if len(self._semconv_attributes) >= _MAX_CACHED_ATTRIBUTE_SETS:
+                    self._semconv_attributes.clear()
                 self._semconv_attributes[semconv_key] = semconv
             self._time_in_queue.record(seconds, semconv, ctx)
 

@@ -89,6 +89,13 @@ _PORT_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 _instrumented_telemetry: Callable[[], PoolTelemetry | None] | None = None
 
 
+def _bind_instrumented_telemetry(source: Callable[[], PoolTelemetry | None] | None) -> None:
+    """Where directly constructed connectors record from now on (``None``: the global
+    provider's telemetry). Called by ``NemoGymInstrumentor`` only."""
+    global _instrumented_telemetry
+    _instrumented_telemetry = source
+
+
 def set_server_name(server_name: str) -> contextvars.Token[str]:
     """Set the bounded destination label while one logical request and its retries run.
 
