@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import CAPACITY_LINE_PREFIX
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
 )
@@ -155,7 +156,7 @@ async def test_capacity_reports_bounded_under_many_configurations(
         connector = aiohttp.TCPConnector(limit=limit)
         await connector.close()
     messages = [r.getMessage() for r in caplog.records if r.name == connection_pool.__name__]
-    reports = [m for m in messages if m.startswith("connection_pool_capacity ")]
+    reports = [m for m in messages if m.startswith(CAPACITY_LINE_PREFIX)]
     notices = [m for m in messages if "further ones are not logged" in m]
     assert len(reports) == cap
     assert len(notices) == 1

@@ -43,6 +43,14 @@ NOT_RUN_HERE = {
     "pip install opentelemetry-instrumentation-nemo-gym": (
         "the distribution is not on PyPI yet; the install-from-source line next to it is run"
     ),
+    "pip install opentelemetry-instrumentation-nemo-gym opentelemetry-distro": (
+        "the distribution is not on PyPI yet; the install-from-source line is run"
+    ),
+    "opentelemetry-instrument --traces_exporter console --metrics_exporter console "
+    "--logs_exporter none python your_nemo_gym_app.py": (
+        "a placeholder for the user's application; the same command on "
+        "examples/nemo_gym_sandbox.py is run"
+    ),
     "bash scripts/test.sh": _RECURSES,
     "bash scripts/test.sh -x -q": _RECURSES,
     "CI=true bash .ci/run": (
@@ -64,7 +72,8 @@ EXIT_STATUS = {
 }
 MUST_SHOW = {
     "bash scripts/quickstart.sh": ("Sent 300 requests", "What to do:", "nemo-gym-otel capacity"),
-    "opentelemetry-instrument": (QUEUE_METRIC, "Using the meter provider configured by"),
+    "examples/quickstart.py": (QUEUE_METRIC, "Using the meter provider configured by"),
+    "examples/nemo_gym_sandbox.py": ('"name": "sandbox.create"', '"name": "sandbox.resources"'),
     "examples/sandbox.py": ("How to read it:",),
     "--json": ('"safe": true', '"exit_code": 0'),
 }
