@@ -47,7 +47,8 @@ def test_dashboard_panels_have_unique_ids_and_do_not_overlap() -> None:
     taken: dict[tuple[int, int], str] = {}
     for panel in panels:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0, panel["title"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
         for x in range(grid["x"], grid["x"] + grid["w"]):
             for y in range(grid["y"], grid["y"] + grid["h"]):
                 assert (x, y) not in taken, (panel["title"], taken.get((x, y)))
