@@ -1,14 +1,15 @@
 """Quickstart: is my latency the backend, or my own aiohttp connection pool?
 
 Starts two real aiohttp servers on loopback (127.0.0.1 and 127.0.0.2) whose handlers take a
-few milliseconds, then sends bursts of requests through one small pool, labelled with two
-destination names, and prints what the instrumentation saw per destination: connects, queued
-waits, wait percentiles, the binding limit, and waits abandoned by a connect timeout. Last
-comes the pool's capacity report against the concurrency the bursts intended.
+few milliseconds, then sends ``--requests`` requests in two phases through one small pool,
+labelled with two destination names, and prints what the instrumentation saw per destination:
+connects, queued waits, which limit made them wait, wait percentiles, and waits abandoned by a
+connect timeout. Then the pool's capacity report against the phases' peak concurrency, and
+what to do about it: which limit to raise to what, and the command that checks the new sizing.
 
 Run it as is (an embedded OpenTelemetry SDK with an in-memory reader is used), or under
-``opentelemetry-instrument`` with no code change, in which case the metrics go wherever that
-configured (for example ``OTEL_METRICS_EXPORTER=console``).
+``opentelemetry-instrument`` with no code change: the metrics then also go wherever that
+configured (for example ``--metrics_exporter console``, printed when the process exits).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import textwrap
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -74,6 +76,44 @@ async def send(
         reset_server_name(token)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How many requests each phase sends; ``total`` is exactly what ``--requests`` asked."""
+
+    alone: int  # phase 1: policy-model alone
+    policy: int  # phase 2: policy-model ...
+    sandbox: int  # ... and sandbox-server at once ...
+    impatient: int  # ... plus impatient sandbox-server requests with a 2 ms connect timeout
+
+    @classmethod
+    def for_total(cls, total: int) -> Plan:
+        impatient = max(1, total // 15)
+        rest = total - impatient
+        return cls(
+            alone=rest // 3, policy=rest // 3, sandbox=rest - 2 * (rest // 3), impatient=impatient
+        )
+
+    @property
+    def total(self) -> int:
+        return self.alone + self.policy + self.sandbox + self.impatient
+
+    @property
+    def peak(self) -> int:
+        """Most requests in flight at once: all of phase 2."""
+        return self.policy + self.sandbox + self.impatient
+
+    @property
+    def peak_per_host(self) -> int:
+        """Most requests to one destination at once."""
+        return max(self.alone, self.policy, self.sandbox + self.impatient)
+
+    def sent(self) -> dict[str, int]:
+        return {
+            "policy-model": self.alone + self.policy,
+            "sandbox-server": self.sandbox + self.impatient,
+        }
+
+
 @dataclass
 class PoolConfig:
     """The pool's budgets and the demand the bursts put on it, as the report expects them."""
@@ -84,8 +124,8 @@ class PoolConfig:
     global_aiohttp_intended_concurrency_per_host: int | None
 
 
-async def run_bursts(limit: int, limit_per_host: int, requests: int, delay_s: float) -> int:
-    """Send the bursts; return how many requests were abandoned by their connect timeout."""
+async def run_bursts(limit: int, limit_per_host: int, plan: Plan, delay_s: float) -> int:
+    """Send the two phases; return how many requests timed out (the impatient ones)."""
     runner_a, policy_url = await start_server("127.0.0.1", delay_s)
     runner_b, sandbox_url = await start_server("127.0.0.2", delay_s)
     try:
@@ -95,15 +135,18 @@ async def run_bursts(limit: int, limit_per_host: int, requests: int, delay_s: fl
         async with aiohttp.ClientSession(connector=connector) as session:
             # 1. One destination alone: its per-host limit binds before the total does.
             await asyncio.gather(
-                *(send(session, policy_url, "policy-model") for _ in range(requests // 3))
+                *(send(session, policy_url, "policy-model") for _ in range(plan.alone))
             )
-            # 2. Both destinations at once: now the total limit is exhausted first.
-            both = [send(session, policy_url, "policy-model") for _ in range(requests // 3)]
-            both += [send(session, sandbox_url, "sandbox-server") for _ in range(requests // 3)]
-            # 3. A few impatient requests with a 2 ms connect timeout, which covers the wait
-            #    for a pool slot: under load they give up in the queue ("abandoned").
+            # 2. Both destinations at once: now the total limit is exhausted first. A few
+            #    impatient requests have a 2 ms connect timeout, which covers the wait for a
+            #    pool slot: under load they give up in the queue ("abandoned").
+            both = [send(session, policy_url, "policy-model") for _ in range(plan.policy)]
+            both += [send(session, sandbox_url, "sandbox-server") for _ in range(plan.sandbox)]
             impatient = aiohttp.ClientTimeout(connect=0.002)
-            both += [send(session, sandbox_url, "sandbox-server", impatient) for _ in range(20)]
+            both += [
+                send(session, sandbox_url, "sandbox-server", impatient)
+                for _ in range(plan.impatient)
+            ]
             results = await asyncio.gather(*both)
             return sum(1 for ok in results if not ok)
     finally:
@@ -140,6 +183,8 @@ def summarize(reader: InMemoryMetricReader) -> dict[str, DestinationSummary]:
     for resource_metrics in data.resource_metrics if data else ():
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
+                if metric.name not in (CONNECT_METRIC, QUEUE_METRIC):
+                    continue  # other instrumentations' metrics, under opentelemetry-instrument
                 for point in metric.data.data_points:
                     attributes = dict(point.attributes or {})
                     name = str(attributes.get(ATTR + "destination.server.name", "?"))
@@ -161,10 +206,10 @@ def summarize(reader: InMemoryMetricReader) -> dict[str, DestinationSummary]:
     return summaries
 
 
-def print_summary(summaries: dict[str, DestinationSummary]) -> None:
+def print_summary(summaries: dict[str, DestinationSummary], sent: dict[str, int]) -> None:
     header = (
-        f"{'destination':<16} {'connects':>8} {'queued':>7} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'max ms':>8}  {'binding limit':<22} {'abandoned':>9}"
+        f"{'destination':<15} {'sent':>5} {'connects':>8} {'queued':>6} {'on total':>8} "
+        f"{'on per_host':>11} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} {'abandoned':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -174,62 +219,151 @@ def print_summary(summaries: dict[str, DestinationSummary]) -> None:
             # One data point per attribute set; the largest carries the percentiles well
             # enough for a summary, and max is exact across all of them.
             main = max(ok_points, key=lambda p: p.count)
-            p50 = f"{estimate_quantile(main, 0.50):8.2f}"
-            p95 = f"{estimate_quantile(main, 0.95):8.2f}"
-            worst = f"{max(p.max for p in ok_points):8.2f}"
+            p50 = f"{estimate_quantile(main, 0.50):7.2f}"
+            p95 = f"{estimate_quantile(main, 0.95):7.2f}"
+            worst = f"{max(p.max for p in ok_points):7.2f}"
         else:
-            p50 = p95 = worst = f"{'-':>8}"
-        binding = ", ".join(f"{k} {v}" for k, v in sorted(summary.by_constraint.items())) or "-"
+            p50 = p95 = worst = f"{'-':>7}"
+        on_total = summary.by_constraint.get("total", 0)
+        on_per_host = summary.by_constraint.get("per_host", 0)
         print(
-            f"{name:<16} {summary.connects:>8} {summary.waits:>7} {p50} {p95} {worst}  "
-            f"{binding:<22} {summary.abandoned:>9}"
+            f"{name:<15} {sent.get(name, 0):>5} {summary.connects:>8} {summary.waits:>6} "
+            f"{on_total:>8} {on_per_host:>11} {p50} {p95} {worst} {summary.abandoned:>9}"
         )
+    print(
+        "\nsent: requests this example sent; connects: pool acquisitions the instrumentation "
+        "counted\n(one per request); queued: requests that waited for a free pool slot, split "
+        "by the limit\nthat was exhausted when the wait began (on total, on per_host); p50/p95/"
+        "max: how long the\nqueued requests that got a slot waited; abandoned: waits ended by "
+        "the connect timeout."
+    )
+
+
+def print_what_to_do(args: argparse.Namespace, plan: Plan, warnings: int) -> None:
+    """End with the change to make, the command that checks it, and where to watch it."""
+    print("\nWhat to do:")
+    steps: list[str] = []
+    if args.limit and args.limit < plan.peak:
+        steps.append(
+            f"Raise the pool's total limit from {args.limit} to {plan.peak} (phase 2 has "
+            f"{plan.peak} requests in flight at once), or to 0 for unlimited, as far as the "
+            "servers can take that concurrency."
+        )
+    if args.limit_per_host and args.limit_per_host < plan.peak_per_host:
+        steps.append(
+            f"Raise limit_per_host from {args.limit_per_host} to {plan.peak_per_host} (the most "
+            "requests to one destination at once)."
+        )
+    if not warnings or not steps:
+        steps = ["Nothing to raise: this pool holds the peak concurrency."]
+    for number, step in enumerate(steps, 1):
+        print(
+            textwrap.fill(step, width=92, initial_indent=f"  {number}. ", subsequent_indent="     ")
+        )
+    limit = max(args.limit, plan.peak) if args.limit else 0
+    per_host = max(args.limit_per_host, plan.peak_per_host) if args.limit_per_host else 0
+    print(
+        "  Check a sizing before deploying it (exit status 0 safe, 1 unsafe; add --workers N "
+        "when\n  N processes share the limits):\n"
+        f"    .venv/bin/nemo-gym-otel capacity --limit {limit} --limit-per-host {per_host} "
+        f"--intended {plan.peak} --intended-per-host {plan.peak_per_host}"
+    )
+    if (limit, per_host) != (args.limit, args.limit_per_host):
+        print(
+            "  See the queue empty here:\n"
+            f"    bash scripts/quickstart.sh --limit {limit} --limit-per-host {per_host}"
+        )
+    print(
+        "  In a real backend: examples/prometheus/ runs Prometheus against an instrumented app;"
+        "\n  graph the p95 of gym_http_connection_pool_queue_duration_ms_milliseconds_bucket per "
+        "destination\n  and queue_constraint (queries in examples/prometheus/README.md)."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300, help="requests per burst phase x3")
+    parser.add_argument(
+        "--requests", type=int, default=300, help="requests to send in all (at least 4)"
+    )
     parser.add_argument("--limit", type=int, default=12, help="the pool's total limit")
     parser.add_argument("--limit-per-host", type=int, default=8, help="the pool's per-host limit")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="server handler time")
     args = parser.parse_args(argv)
-    # The capacity report is an INFO line, its mismatches WARNING lines; show both, once.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    logging.getLogger(connection_pool.__name__).setLevel(logging.INFO)
+    if args.requests < 4:
+        parser.error(f"--requests={args.requests}: send at least 4 (one per phase and kind)")
+    plan = Plan.for_total(args.requests)
+    # The instrumentation's summary line is INFO; the capacity report's line is INFO and its
+    # mismatches WARNING. The report is shown at the end, once, against the phases' demand.
+    # To stdout, like the rest, so the lines stay in order when piped.
+    logging.basicConfig(
+        stream=sys.stdout, level=logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    logging.getLogger("opentelemetry.instrumentation.nemo_gym").setLevel(logging.INFO)
+    pool_logger = logging.getLogger(connection_pool.__name__)
+    pool_logger.setLevel(logging.WARNING)
 
-    reader: InMemoryMetricReader | None = None
-    if isinstance(metrics.get_meter_provider(), MeterProvider):
+    reader = InMemoryMetricReader()
+    provider = metrics.get_meter_provider()
+    if isinstance(provider, MeterProvider):
         print("Using the meter provider configured by opentelemetry-instrument.")
+        # Newer SDKs take a reader after construction: then the table is printed here too.
+        add_reader = getattr(provider, "add_metric_reader", None)
+        if add_reader is not None:
+            add_reader(reader)
+        else:
+            reader = None
     else:
-        reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         print("No OpenTelemetry SDK configured: using an embedded one with an in-memory reader.")
-    # Under opentelemetry-instrument the entry point already did this; a second call is a
-    # harmless no-op.
-    NemoGymInstrumentor().instrument()
+    instrumentor = NemoGymInstrumentor()
+    # Under opentelemetry-instrument the entry point has already instrumented this process.
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        # This example is about the pool: no sandboxes, so no sandbox telemetry.
+        instrumentor.instrument(sandbox_resources=False)
 
-    abandoned = asyncio.run(
-        run_bursts(args.limit, args.limit_per_host, args.requests, args.delay_ms / 1000)
-    )
+    timed_out = asyncio.run(run_bursts(args.limit, args.limit_per_host, plan, args.delay_ms / 1000))
     print(
-        f"\n{args.requests} requests in three bursts through one pool "
-        f"(limit={args.limit}, limit_per_host={args.limit_per_host}), "
-        f"server handlers {args.delay_ms:g} ms; {abandoned} impatient requests timed out.\n"
+        f"\nSent {plan.total} requests through one pool (limit={args.limit}, "
+        f"limit_per_host={args.limit_per_host}) to two servers whose handlers take "
+        f"{args.delay_ms:g} ms:\n"
+        f"  phase 1: {plan.alone} to policy-model alone;\n"
+        f"  phase 2: {plan.policy} to policy-model and {plan.sandbox} to sandbox-server at "
+        f"once, plus {plan.impatient} impatient ones\n"
+        f"           to sandbox-server with a 2 ms connect timeout ({timed_out} timed out).\n"
     )
     if reader is not None:
-        print_summary(summarize(reader))
+        print_summary(summarize(reader), plan.sent())
     else:
         print("Queue waits and connects were exported through the configured exporter.")
 
-    cfg = PoolConfig(
-        args.limit, args.limit_per_host, 2 * (args.requests // 3) + 20, args.requests // 3 + 20
-    )
+    cfg = PoolConfig(args.limit, args.limit_per_host, plan.peak, plan.peak_per_host)
     capacity: ConnectionPoolCapacity = connection_pool_capacity(cfg, workers=1)
-    print("\nCapacity report for this pool against the bursts' concurrency:")
-    sys.stdout.flush()
-    report_connection_pool_capacity(cfg, capacity)
-    sys.stderr.flush()
+    print(
+        "\nCapacity report: the instrumentation logs this line once per pool configuration. "
+        "Here it is\nchecked against the phases' peak concurrency (intended_per_worker, "
+        "intended_per_host_per_worker;\n`unset` there means none was configured, so that check "
+        "is skipped):"
+    )
+    pool_logger.setLevel(logging.INFO)
+    counter = _WarningCounter()
+    pool_logger.addHandler(counter)
+    try:
+        report_connection_pool_capacity(cfg, capacity)
+    finally:
+        pool_logger.removeHandler(counter)
+    print_what_to_do(args, plan, counter.warnings)
     return 0
+
+
+class _WarningCounter(logging.Handler):
+    """Counts the report's mismatch warnings, so the advice matches what was printed."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.warnings = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.warnings += 1
 
 
 if __name__ == "__main__":

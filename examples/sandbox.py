@@ -109,6 +109,20 @@ def table(spans: tuple[ReadableSpan, ...]) -> list[str]:
     return ["  ".join(r.get(c, "").ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
 
 
+LEGEND = """\
+How to read it: one row per resource record (a `sandbox.resources` span).
+  requested  the shape asked for (SandboxSpec): cpu in cores, memory MiB
+  allocated  what the infrastructure really set, read back (here: the cgroup's limits)
+  sample     periodic usage while the sandbox runs (every {interval} s here)
+  final      the last sample, taken at close
+  cpu time s   CPU seconds used so far      throttled s  time held back by the cpu limit
+  mem MiB      memory in use now            peak MiB     highest memory use so far
+  pids         processes running            oom kills    processes killed for memory
+  source       where the numbers come from: spec, cgroup.v1/v2, or process/proc without cgroups
+The memory-hungry command asks for 200 MiB under a 64 MiB limit: oom kills 1 and return
+code 137 show the limit at work (without cgroups nothing is enforced)."""
+
+
 async def main() -> None:
     os.environ.setdefault("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", INTERVAL_S)
     exporter = collect_spans()
@@ -127,6 +141,8 @@ async def main() -> None:
     print()
     for line in table(exporter.get_finished_spans()):
         print(line)
+    print()
+    print(LEGEND.format(interval=os.environ["OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"]))
 
 
 if __name__ == "__main__":

@@ -2,11 +2,27 @@
 # Run the test suite in a project virtualenv, creating it and installing the package with its
 # test extra first, and the nemo-gym wheel (nemo_gym.sandbox only). Arguments go to pytest.
 #   VENV=.venv (default)        the virtualenv to use or create
+#   PYTHON=python3 (default)    the interpreter that creates it, e.g. PYTHON=python3.13
+#                               VENV=.venv-py313 (pyenv's interpreters are found too)
 #   AIOHTTP_SPEC='aiohttp==3.10.11'   pin aiohttp in that virtualenv (CI's lowest-version run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+python="${PYTHON:-python3}"
+if ! "$python" -c '' 2>/dev/null; then
+  # pyenv's versions need not be on PATH (or its shim refuses one that is not selected):
+  # python3.13 -> ~/.pyenv/versions/3.13.*/bin/python3.13
+  found="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"${python#python}"*/bin/"$python" 2>/dev/null | sort -V | tail -n 1)"
+  python="${found:?no $python on PATH or in pyenv}"
+fi
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  # A bare Debian or Ubuntu has no ensurepip: venv then fails, or leaves a venv without pip.
+  "$python" -m venv --clear "$venv" || {
+    echo "could not create $venv: on Debian or Ubuntu, install python3-venv first" \
+      "(sudo apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
 # NeMo Gym's sandbox API, which the tests run our hook and providers against. The wheel asks
 # for Python 3.12 and a heavy stack, but its nemo_gym.sandbox package needs only the standard

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from opentelemetry import metrics, trace
@@ -15,6 +17,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
+
+from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
+    ATTR_QUEUE_CONSTRAINT,
+    ATTR_QUEUE_OUTCOME,
+    ATTR_SERVER_NAME,
+    CONNECT_TOTAL,
+    QUEUE_DURATION,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    QueueTimedTCPConnector,
+    reset_server_name,
+    set_server_name,
+)
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -134,3 +150,229 @@ def global_tracer_provider(tracer_provider: TracerProvider) -> Iterator[TracerPr
     trace.set_tracer_provider(tracer_provider)
     yield tracer_provider
     reset_trace_globals()
+
+
+# --- held requests: deterministic pool saturation ---------------------------------------------
+
+
+async def eventually(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
+    """Yield to the event loop until ``condition()`` holds; fail after ``bound_s`` seconds.
+
+    The bound only stops a broken test: tests wait for states (a request held, a request
+    queued), never for an amount of time.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not reached within {bound_s} s: {what}")
+        await asyncio.sleep(0.001)
+
+
+class GatedServer:
+    """A real loopback aiohttp server whose ``/hold`` requests wait until the test opens a gate.
+
+    ``/`` answers ``ok`` at once; ``/hold`` answers ``ok`` once ``open()`` has been called;
+    ``/redirect?to=URL`` answers 302 to ``URL``. ``held`` is the number of requests waiting at
+    the gate right now, ``requests`` the number received. Connections are kept alive.
+    """
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.port = 0
+        self.held = 0
+        self.requests = 0
+        self._gate = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        if request.path == "/redirect":
+            raise web.HTTPFound(request.query["to"])
+        if request.path == "/hold":
+            self.held += 1
+            try:
+                await self._gate.wait()
+            finally:
+                self.held -= 1
+        return web.Response(text="ok")
+
+    def open(self) -> None:
+        """Let every held request, and every later one, answer."""
+        self._gate.set()
+
+    async def until_held(self, count: int) -> None:
+        """Wait until exactly ``count`` requests are held at the gate."""
+        await eventually(lambda: self.held == count, f"{count} requests held on {self.url}")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self._answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None)
+        assert sockets
+        self.port = sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.open()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+GatedServerFactory = Callable[..., Awaitable[GatedServer]]
+
+
+@pytest.fixture
+async def gated_server() -> AsyncIterator[GatedServerFactory]:
+    """Start gated loopback servers: ``server = await gated_server("127.0.0.2")``."""
+    servers: list[GatedServer] = []
+
+    async def start(host: str = "127.0.0.1") -> GatedServer:
+        server = GatedServer(host)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+def queued(connector: object) -> int:
+    """Requests waiting for a slot in ``connector`` (aiohttp's ``_waiters``), read directly."""
+    waiters = getattr(connector, "_waiters", {})
+    return sum(len(per_key) for per_key in waiters.values())
+
+
+def metric_points(data: Any, name: str) -> list[Any]:
+    """Every data point of metric ``name`` in one collection (``reader.get_metrics_data()``)."""
+    return [
+        point
+        for resource_metrics in (data.resource_metrics if data is not None else ())
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+def metric_names(data: Any) -> set[str]:
+    """The names of every metric with at least one data point in one collection."""
+    return {
+        metric.name
+        for resource_metrics in (data.resource_metrics if data is not None else ())
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.data.data_points
+    }
+
+
+@pytest.fixture
+def pool_telemetry(meter_provider: MeterProvider) -> PoolTelemetry:
+    """The ``PoolTelemetry`` of the test's own SDK meter provider (cap of 100 labels)."""
+    return PoolTelemetry.of(meter_provider, version="test", max_server_names=100)
+
+
+def timed_connector(telemetry: PoolTelemetry, **kwargs: Any) -> QueueTimedTCPConnector:
+    """A ``QueueTimedTCPConnector`` built with ``kwargs`` that records into ``telemetry``."""
+    connector = QueueTimedTCPConnector(**kwargs)
+    connector._nemo_gym_attach(telemetry)
+    return connector
+
+
+# --- pool metrics and requests, shared by the pool tests ---------------------------------------
+
+
+def queue_waits(reader: InMemoryMetricReader) -> dict[tuple[str, str, str], int]:
+    """Queue-wait sample counts per (constraint, outcome, destination label)."""
+    return {
+        (
+            str(point.attributes[ATTR_QUEUE_CONSTRAINT]),
+            str(point.attributes[ATTR_QUEUE_OUTCOME]),
+            str(point.attributes[ATTR_SERVER_NAME]),
+        ): point.count
+        for point in metric_points(reader.get_metrics_data(), QUEUE_DURATION)
+        if point.count
+    }
+
+
+def connect_counts(reader: InMemoryMetricReader) -> dict[str, int]:
+    """connect_total per destination label."""
+    return {
+        str(point.attributes[ATTR_SERVER_NAME]): point.value
+        for point in metric_points(reader.get_metrics_data(), CONNECT_TOTAL)
+    }
+
+
+async def fetch(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    label: str | None = None,
+    timeout: aiohttp.ClientTimeout | None = None,  # noqa: ASYNC109 - aiohttp's own timeout
+) -> str:
+    """GET ``url`` (under destination label ``label`` when given) and return the body."""
+    token = set_server_name(label) if label is not None else None
+    try:
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        async with session.get(url, **kwargs) as response:
+            return await response.text()
+    finally:
+        if token is not None:
+            reset_server_name(token)
+
+
+async def outcome(awaitable: Any) -> BaseException | str:
+    """What awaiting ``awaitable`` gave: its result or the exception it raised."""
+    try:
+        return str(await awaitable)
+    except BaseException as error:  # the test compares exactly what was raised
+        return error
+
+
+async def timeout_while_queued(
+    connector: aiohttp.TCPConnector, server: GatedServer
+) -> tuple[BaseException | str, aiohttp.ClientSession, asyncio.Task[str]]:
+    """Hold the connector's only slot, then let a second request's connect timeout expire.
+
+    Returns what the queued request raised, the session and the still-held request.
+    """
+    session = aiohttp.ClientSession(connector=connector)
+    held_before = server.held
+    holder = asyncio.create_task(fetch(session, f"{server.url}/hold"))
+    await server.until_held(held_before + 1)
+    caught = await outcome(
+        fetch(session, f"{server.url}/", timeout=aiohttp.ClientTimeout(connect=0.05))
+    )
+    return caught, session, holder
+
+
+async def cancel_while_queued(
+    connector: aiohttp.TCPConnector, server: GatedServer
+) -> tuple[BaseException | str, aiohttp.ClientSession, asyncio.Task[str]]:
+    """Hold the connector's only slot, queue a second request and cancel it while it waits."""
+    session = aiohttp.ClientSession(connector=connector)
+    held_before = server.held
+    holder = asyncio.create_task(fetch(session, f"{server.url}/hold"))
+    await server.until_held(held_before + 1)
+    waiting = asyncio.create_task(fetch(session, f"{server.url}/"))
+    await eventually(lambda: queued(connector) == 1, "the second request queued")
+    waiting.cancel()
+    return await outcome(waiting), session, holder
+
+
+def same_failure(plain: BaseException | str, timed: BaseException | str) -> None:
+    """Both raised, the same exception type with the same message."""
+    assert isinstance(plain, BaseException), plain
+    assert isinstance(timed, BaseException), timed
+    assert type(timed) is type(plain)
+    assert str(timed) == str(plain)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from opentelemetry.instrumentation.nemo_gym import environment_variables
+
 APP = Path(__file__).parent / "apps" / "saturated_client.py"
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 
@@ -77,3 +79,25 @@ def test_opentelemetry_instrument_bad_setting_warns_and_runs() -> None:
     assert result.returncode == 0, result.stderr
     assert "connector=QueueTimedTCPConnector" in result.stdout
     assert result.stderr.count("OTEL_PYTHON_NEMO_GYM_WORKERS='three'") == 1
+
+
+def test_opentelemetry_instrument_bad_interval_warns_without_sandboxes() -> None:
+    """A bad sampling interval is reported at start-up although the app creates no sandbox."""
+    result = run_instrumented(OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL="often")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL='often'") == 1
+
+
+def test_opentelemetry_instrument_help_lists_every_flag() -> None:
+    """``opentelemetry-instrument --help`` offers a flag for each of our variables."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "opentelemetry-instrument"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in vars(environment_variables):
+        if name.startswith("OTEL_PYTHON_NEMO_GYM_"):
+            assert "--" + name.removeprefix("OTEL_PYTHON_").lower() in result.stdout

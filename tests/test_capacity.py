@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry import _capacity, connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     ConnectionPoolCapacity,
     connection_pool_capacity,
@@ -94,17 +94,22 @@ def test_connection_pool_capacity_field_order() -> None:
 @pytest.mark.parametrize(
     ("cfg", "workers", "pattern"),
     [
-        (Config(), 0, r"workers=0 .*at least 1"),
-        (Config(), -2, r"workers=-2 "),
+        (Config(), 0, r"^worker count must be at least 1, got workers=0"),
+        (Config(), -2, r"worker count must be at least 1, got workers=-2"),
         (Config(-1, 0), 1, r"global_aiohttp_connector_limit=-1 .*0 for unlimited"),
         (Config(10, -5), 1, r"global_aiohttp_connector_limit_per_host=-5 .*0 for unlimited"),
-        (Config(3, 0), 4, r"global_aiohttp_connector_limit=3 divided across workers=4 "),
+        (
+            Config(3, 0),
+            4,
+            r"^positive aiohttp connector limits must remain at least 1 after division by "
+            r"workers: global_aiohttp_connector_limit=3 divided across workers=4 ",
+        ),
         (Config(0, 1), 2, r"connector_limit_per_host=1 divided across workers=2 .*0 for unlimited"),
-        (Config(10, 0, 0), 1, r"global_aiohttp_intended_concurrency=0 .*0 instead"),
+        (Config(10, 0, 0), 1, r"global_aiohttp_intended_concurrency=0 .*set it to None"),
         (Config(10, 0, -3), 1, r"global_aiohttp_intended_concurrency=-3 "),
         (Config(10, 0, None, 0), 1, r"global_aiohttp_intended_concurrency_per_host=0 "),
         (Config(True, 0), 1, r"global_aiohttp_connector_limit=True "),
-        (Config(10, 0), True, r"workers=True "),
+        (Config(10, 0), True, r"got workers=True"),
     ],
 )
 def test_connection_pool_capacity_rejects_bad_values(
@@ -169,25 +174,52 @@ def test_ephemeral_port_capacity_unreadable_is_none(
 def test_report_connection_pool_capacity_logs_key_value_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The report is one INFO line of key=value pairs with limits, demand and budgets."""
+    """The report is one INFO line of key=value pairs in NeMo Gym's words and key names."""
     infos, warnings = _report(caplog, Config(100, 0, 40, None), workers=2)
     assert warnings == []
     (line,) = infos
-    head, *pairs = line.split(" ")
-    assert head == "connection_pool_capacity"
+    prefix = "aiohttp connection pool capacity for this server/CLI process group: "
+    assert line.startswith(prefix)
+    pairs = line.removeprefix(prefix).split(" ")
     values = dict(pair.split("=", 1) for pair in pairs)
-    assert values["workers"] == "2"
-    assert values["limit"] == "100"
-    assert values["limit_per_host"] == "unlimited"
-    assert values["limit_per_worker"] == "50"
-    assert values["limit_per_host_per_worker"] == "unlimited"
-    assert values["effective_limit_per_host_per_worker"] == "50"
-    assert values["intended_per_worker"] == "20"
-    assert values["intended_per_host_per_worker"] == "unset"
     fd_limit = _fd_soft_limit()
-    assert values["fd_soft_limit"] == ("unlimited" if fd_limit is None else str(fd_limit))
     ports = connection_pool._ephemeral_port_capacity()
-    assert values["ephemeral_ports"] == ("unknown" if ports is None else str(ports))
+    assert values == {
+        "workers": "2",
+        "aggregate_total": "100",
+        "aggregate_per_host": "unlimited",
+        "effective_total": "50",
+        "effective_per_host": "50",
+        "per_worker_per_host": "unlimited",
+        "intended_per_worker": "20",
+        "intended_per_host_per_worker": "unset",
+        "file_descriptor_soft_limit": "unlimited" if fd_limit is None else str(fd_limit),
+        "ephemeral_ports_per_destination": "unknown" if ports is None else str(ports),
+    }
+
+
+def test_report_connection_pool_capacity_keys_match_nemo_gym_order() -> None:
+    """The keys appear in NeMo Gym's order, so its log parsers read ours."""
+    line = _capacity.capacity_line(
+        Config(256, 64, 1024, 128),
+        connection_pool_capacity(Config(256, 64, 1024, 128), 4),
+        1024,
+        None,
+    )
+    keys = [pair.split("=", 1)[0] for pair in line.split(": ", 1)[1].split(" ")]
+    assert keys == [
+        "workers",
+        "aggregate_total",
+        "aggregate_per_host",
+        "effective_total",
+        "effective_per_host",
+        "per_worker_per_host",
+        "intended_per_worker",
+        "intended_per_host_per_worker",
+        "file_descriptor_soft_limit",
+        "ephemeral_ports_per_destination",
+    ]
+    assert "effective_per_host=16 per_worker_per_host=16 intended_per_worker=256" in line
 
 
 def test_report_connection_pool_capacity_once_per_configuration(
@@ -233,9 +265,10 @@ def test_report_warns_intended_above_total(caplog: pytest.LogCaptureFixture) -> 
     _, warnings = _report(caplog, Config(20, 0, 30, None), workers=2)
     assert len(warnings) == 1
     assert (
-        "intended concurrency per worker 15 exceeds the connector limit per worker 10"
+        "intended per-worker concurrency 15 exceeds effective total limit 10 (2 workers)"
         in (warnings[0])
     )
+    assert "raise the total limit to at least 30" in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_per_host_limit(
@@ -244,7 +277,11 @@ def test_report_warns_intended_per_host_above_per_host_limit(
     """Intended per-host demand per worker above the per-host limit warns."""
     _, warnings = _report(caplog, Config(0, 5, None, 6))
     assert len(warnings) == 1
-    assert "per-host concurrency per worker 6 exceeds the effective per-host limit" in (warnings[0])
+    assert (
+        "intended per-host concurrency 6 exceeds effective per-host limit 5 (1 worker)"
+        in (warnings[0])
+    )
+    assert "raise the per-host limit to at least 6" in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_total_as_effective_limit(
@@ -253,7 +290,9 @@ def test_report_warns_intended_per_host_above_total_as_effective_limit(
     """With an unlimited per-host limit, a finite total still bounds one destination."""
     _, warnings = _report(caplog, Config(4, 0, None, 5))
     assert len(warnings) == 1
-    assert "effective per-host limit per worker 4" in warnings[0]
+    assert "exceeds effective per-host limit 4 " in warnings[0]
+    # The total is what binds here, so the total is what to raise.
+    assert "raise the total limit to at least 5 " in warnings[0]
 
 
 def test_report_warns_intended_per_host_above_ephemeral_ports(
@@ -265,7 +304,10 @@ def test_report_warns_intended_per_host_above_ephemeral_ports(
         pytest.skip("no readable ip_local_port_range on this system")
     _, warnings = _report(caplog, Config(0, 0, None, ports + 2), workers=2)
     assert len(warnings) == 1
-    assert f"exceeds the ephemeral-port budget {ports}" in warnings[0]
+    assert (
+        f"aggregate intended per-host concurrency {ports + 2} exceeds the approximate "
+        f"per-destination ephemeral-port budget {ports}"
+    ) in warnings[0]
 
 
 def test_report_warns_intended_at_fd_soft_limit(caplog: pytest.LogCaptureFixture) -> None:
@@ -275,7 +317,10 @@ def test_report_warns_intended_at_fd_soft_limit(caplog: pytest.LogCaptureFixture
         pytest.skip("unlimited open-file soft limit")
     _, warnings = _report(caplog, Config(0, 0, fd_limit * 2, None), workers=2)
     assert len(warnings) == 1
-    assert f"at or above the open-file soft limit {fd_limit}" in warnings[0]
+    assert (
+        f"intended per-worker concurrency {fd_limit} can exhaust the file-descriptor soft "
+        f"limit {fd_limit}"
+    ) in warnings[0]
 
 
 def test_report_intended_within_capacity_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:

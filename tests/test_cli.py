@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from opentelemetry.instrumentation.nemo_gym.cli import main
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 
 @pytest.fixture(autouse=True)
@@ -34,48 +36,141 @@ def _capacity_args(limit: str, per_host: str, workers: str, *extra: str) -> list
     ]
 
 
+PREFIX = "aiohttp connection pool capacity for this server/CLI process group: "
+
+
 def test_main_safe_configuration_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    """Demand within every limit prints the report, no warning, and exits 0."""
+    """Demand within every limit prints the report on stdout, nothing on stderr, and exits 0."""
     code = main(_capacity_args("100", "20", "4", "--intended", "100", "--intended-per-host", "20"))
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
     assert code == 0
-    assert err.startswith("connection_pool_capacity workers=4 limit=100 limit_per_host=20 ")
-    assert "warning:" not in err
+    assert captured.out.startswith(
+        PREFIX + "workers=4 aggregate_total=100 aggregate_per_host=20 effective_total=25 "
+        "effective_per_host=5 per_worker_per_host=5 intended_per_worker=25 "
+        "intended_per_host_per_worker=5 "
+    )
+    assert captured.out.count("\n") == 1
+    assert captured.err == ""
 
 
 def test_main_limits_only_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    """Limits without intended demand are never unsafe."""
+    """Limits without intended demand are never unsafe; unset demand reads `unset`."""
     assert main(_capacity_args("0", "0", "1")) == 0
-    assert "limit=unlimited" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "aggregate_total=unlimited" in out
+    assert "intended_per_worker=unset" in out
+
+
+def test_main_workers_and_limit_per_host_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """--workers defaults to 1 and --limit-per-host to 0 (unlimited)."""
+    assert main(["capacity", "--limit", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "workers=1 aggregate_total=64 aggregate_per_host=unlimited " in out
 
 
 def test_main_unsafe_mismatch_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    """Intended demand above the per-worker limit prints a warning and exits 1."""
+    """Demand above the per-worker limit: report on stdout, warning on stderr, exit 1."""
     code = main(_capacity_args("100", "0", "4", "--intended", "300"))
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
     assert code == 1
-    assert "warning: intended concurrency per worker 75 exceeds the connector limit" in err
+    assert captured.out.startswith(PREFIX + "workers=4 ")
+    assert captured.err.splitlines() == [
+        "warning: intended per-worker concurrency 75 exceeds effective total limit 25 "
+        "(4 workers): the excess requests queue for a pool slot and the wait looks like "
+        "server latency; raise --limit to at least 300 (0 for unlimited)"
+    ]
+
+
+def test_main_json_prints_one_object(capsys: pytest.CaptureFixture[str]) -> None:
+    """--json prints the values, the warnings and the exit code as one JSON object."""
+    code = main(["capacity", "--limit", "10", "--intended", "20", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == report["exit_code"] == 1
+    assert captured.err == ""
+    assert report["safe"] is False
+    assert (report["workers"], report["aggregate_total"], report["aggregate_per_host"]) == (
+        1,
+        10,
+        0,
+    )
+    assert report["intended_per_worker"] == 20
+    assert report["intended_per_host_per_worker"] is None
+    (warning,) = report["warnings"]
+    assert warning.startswith("intended per-worker concurrency 20 exceeds effective total limit 10")
+
+
+def test_main_json_safe_has_no_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    """A safe sizing in JSON: safe true, no warnings, exit code 0."""
+    assert main(["capacity", "--limit", "10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["safe"], report["warnings"], report["exit_code"]) == (True, [], 0)
+
+
+def test_main_version_prints_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the program name and the package version and returns 0."""
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"nemo-gym-otel {__version__}\n"
 
 
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
-        (_capacity_args("100", "0", "0"), "workers=0"),
-        (_capacity_args("-1", "0", "1"), "global_aiohttp_connector_limit=-1"),
-        (_capacity_args("3", "0", "4"), "divided across workers=4"),
-        (_capacity_args("10", "0", "1", "--intended", "0"), "intended_concurrency=0"),
-        (_capacity_args("ten", "0", "1"), "invalid int value: 'ten'"),
-        (["capacity", "--limit", "10"], "the following arguments are required"),
+        (
+            _capacity_args("100", "0", "0"),
+            "worker count must be at least 1, got --workers=0",
+        ),
+        (_capacity_args("-1", "0", "1"), "--limit=-1 is invalid"),
+        (_capacity_args("10", "-1", "1"), "--limit-per-host=-1 is invalid"),
+        (
+            _capacity_args("3", "0", "4"),
+            "positive aiohttp connector limits must remain at least 1 after division by "
+            "workers: --limit=3 divided across --workers=4",
+        ),
+        (
+            _capacity_args("10", "0", "1", "--intended", "-10"),
+            "--intended=-10 is invalid: intended concurrency is a positive integer; to skip "
+            "this check, omit it;",
+        ),
+        (_capacity_args("10", "0", "1", "--intended-per-host", "0"), "--intended-per-host=0 "),
+        (_capacity_args("ten", "0", "1"), "argument --limit: invalid int value: 'ten'"),
+        (["capacity", "--workers", "2"], "the following arguments are required: --limit"),
+    ],
+)
+def test_main_bad_capacity_input_exits_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], reason: str
+) -> None:
+    """Bad input to capacity exits 2 and names the flag as typed, never an internal field."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "nemo-gym-otel capacity: error:" in captured.err
+    assert reason in captured.err
+    assert "global_aiohttp" not in captured.err
+    assert "None" not in captured.err
+
+
+def test_main_usage_error_prints_the_subcommand_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """An argparse error in `capacity` prints capacity's usage, not the top-level one."""
+    assert main(["capacity", "--limit", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: nemo-gym-otel capacity [-h] --limit LIMIT")
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
         ([], "the following arguments are required: command"),
         (["sizing"], "invalid choice: 'sizing'"),
     ],
 )
-def test_main_bad_input_exits_2(
+def test_main_bad_command_exits_2(
     capsys: pytest.CaptureFixture[str], argv: list[str], reason: str
 ) -> None:
-    """Bad input exits 2 and says why on stderr."""
+    """No command or an unknown one exits 2 with the top-level usage."""
     assert main(argv) == 2
     err = capsys.readouterr().err
+    assert err.startswith("usage: nemo-gym-otel [-h] [--version]")
     assert "nemo-gym-otel: error:" in err
     assert reason in err
 
@@ -83,7 +178,9 @@ def test_main_bad_input_exits_2(
 def test_main_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     """--help prints usage and returns 0 instead of exiting the caller."""
     assert main(["capacity", "--help"]) == 0
-    assert "--intended-per-host" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--intended-per-host" in out
+    assert "default 1" in out
 
 
 @pytest.mark.integration
@@ -100,9 +197,26 @@ def test_nemo_gym_otel_script_runs_as_installed() -> None:
         check=False,
     )
     assert result.returncode == 1, result.stderr
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert lines[0].startswith("connection_pool_capacity workers=2 limit=8 ")
-    # Printed once: the unconfigured logger must not repeat the warning.
-    assert len([line for line in lines if "exceeds the connector limit" in line]) == 1
-    assert lines[1].startswith("warning: intended concurrency per worker 5 exceeds")
+    assert result.stdout.startswith(PREFIX + "workers=2 aggregate_total=8 ")
+    # Printed once, on stderr: no logging handler repeats it.
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith("warning: intended per-worker concurrency 5 exceeds")
+
+
+@pytest.mark.integration
+def test_nemo_gym_otel_report_is_pipeable() -> None:
+    """The report line goes through a pipe while the warning stays on the terminal's stderr."""
+    script = Path(sys.executable).with_name("nemo-gym-otel")
+    result = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f"'{script}' capacity --limit 8 --intended 10 | tr ' ' '\\n' | grep ^aggregate",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.stdout.splitlines() == ["aggregate_total=8", "aggregate_per_host=unlimited"]
+    assert "warning: intended per-worker concurrency 10" in result.stderr

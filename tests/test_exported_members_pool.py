@@ -1,13 +1,19 @@
-"""Every name on reference page 004 exists in connection_pool with its documented signature."""
+"""Every name on reference page 004 exists in connection_pool with its documented signature.
+
+One deliberate departure: ``QueueTimedTCPConnector.connect`` is a plain method returning
+aiohttp's coroutine (issue 12: no coroutine frame of our own on the hot path). Its parameters
+stay as documented; what awaiting it gives is tested against a real server.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import logging
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -15,8 +21,13 @@ import pytest
 from aiohttp.client_reqrep import ClientRequest, ConnectionKey
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from yarl import URL
 
+from conftest import GatedServerFactory
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool as cp
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 
 P = inspect.Parameter
 EMPTY = inspect.Parameter.empty
@@ -85,7 +96,9 @@ DOCUMENTED_METHODS: dict[str, Documented] = {
             ("args", P.VAR_POSITIONAL, EMPTY, Any),
             ("kwargs", P.VAR_KEYWORD, EMPTY, Any),
         ],
-        Connection,
+        # Page 004 documents ``async def ... -> Connection``; a plain def returning the
+        # coroutine is annotated with what awaiting it gives.
+        Coroutine[Any, Any, Connection],
     ),
 }
 
@@ -127,10 +140,74 @@ def test_queue_timed_tcp_connector_method_signature(name: str) -> None:
 
 
 def test_queue_timed_tcp_connector_is_a_tcp_connector() -> None:
-    """The connector is a TCPConnector with asynchronous connect and wait."""
+    """The connector is a TCPConnector whose queue wait is a coroutine function, as aiohttp's."""
     assert issubclass(cp.QueueTimedTCPConnector, aiohttp.TCPConnector)
-    assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector.connect)
     assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector._wait_for_available_connection)
+    assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector._create_connection)
+
+
+@pytest.mark.skipif(
+    not hasattr(inspect, "markcoroutinefunction"), reason="markcoroutinefunction is Python 3.12+"
+)
+def test_queue_timed_tcp_connector_connect_reports_coroutine_function() -> None:
+    """On Python 3.12+ inspect.iscoroutinefunction tells the truth about connect()."""
+    assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector.connect)
+
+
+async def test_queue_timed_tcp_connector_connect_returns_awaitable_connection(
+    gated_server: GatedServerFactory,
+) -> None:
+    """connect() returns a coroutine; awaiting it against a real server gives a Connection."""
+    server = await gated_server("127.0.0.1")
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    telemetry = PoolTelemetry.of(provider, version="test", max_server_names=5)
+    connector = cp.QueueTimedTCPConnector()
+    connector._nemo_gym_attach(telemetry)
+    try:
+        request = ClientRequest("GET", URL(server.url), loop=asyncio.get_running_loop())
+        pending = connector.connect(request, [], aiohttp.ClientTimeout(total=30))
+        assert inspect.iscoroutine(pending)
+        assert inspect.isawaitable(pending)
+        connection = await pending
+        try:
+            assert isinstance(connection, Connection)
+            assert connection.protocol is not None
+            assert connection.protocol.is_connected()
+        finally:
+            connection.release()
+        assert telemetry.connect_counts() == {"external": 1}
+        assert sum(telemetry.created_counts().values()) == 1
+    finally:
+        await connector.close()
+        provider.shutdown()
+
+
+def _override_shape(function: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+    parameters = inspect.signature(function).parameters.values()
+    return [(p.name, p.kind, p.default) for p in parameters]
+
+
+@pytest.mark.parametrize("name", ["_wait_for_available_connection", "_create_connection"])
+def test_queue_wait_override_matches_aiohttp_signature(name: str) -> None:
+    """Our overrides of aiohttp's private methods have its parameter names, kinds, defaults.
+
+    Fails when an aiohttp release changes them, before the override silently stops matching.
+    """
+    theirs = getattr(aiohttp.TCPConnector, name)
+    ours = getattr(cp.QueueTimedTCPConnector, name)
+    assert ours is not theirs
+    assert inspect.iscoroutinefunction(theirs)
+    assert _override_shape(ours) == _override_shape(theirs)
+
+
+def test_queue_timed_tcp_connector_connect_accepts_aiohttp_parameters() -> None:
+    """Every parameter aiohttp's connect() takes can be passed to ours by position or name."""
+    theirs = inspect.signature(aiohttp.TCPConnector.connect).parameters
+    ours = inspect.signature(cp.QueueTimedTCPConnector.connect).parameters
+    assert list(ours)[:2] == list(theirs)[:2] == ["self", "req"]
+    kinds = [p.kind for p in ours.values()]
+    assert kinds[2:] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
 
 
 def test_connection_pool_capacity_is_named_tuple() -> None:
@@ -160,6 +237,10 @@ def test_connection_pool_module_data() -> None:
     """The documented module data exist with the documented types and defaults."""
     assert isinstance(cp._CONNECT_COUNTS, dict)
     assert isinstance(cp._CONNECT_COUNTS_LOCK, type(threading.Lock()))
+    assert "_CONNECT_COUNTS" not in vars(cp)  # a view of the global provider's counts
+    assert cp._connect_count_snapshot() == cp._CONNECT_COUNTS
+    with pytest.raises(AttributeError, match="_NO_SUCH_NAME"):
+        _ = cp._NO_SUCH_NAME  # type: ignore[attr-defined]
     assert isinstance(cp._REPORTED_CAPACITIES, set)
     assert isinstance(cp._SERVER_NAME, contextvars.ContextVar)
     assert cp._SERVER_NAME.name == "nemo_gym_http_server_name"

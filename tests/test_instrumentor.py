@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider
 
-from conftest import ServerFactory
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _connector_patch
+from conftest import GatedServerFactory, ServerFactory, eventually, queued
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
@@ -33,6 +33,8 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 CONNECT_METRIC = "gym.http.connection_pool.connect_total"
 SERVER_NAME = "nemo.gym.http.destination.server.name"
+# aiohttp's own constructor, read at import, before any test instruments anything.
+AIOHTTP_INIT = aiohttp.TCPConnector.__dict__["__init__"]
 
 
 @pytest.fixture
@@ -104,24 +106,29 @@ async def test_instrument_saturated_pool_records_queue_waits(
     instrumentor: NemoGymInstrumentor,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
-    loopback_server: ServerFactory,
+    gated_server: GatedServerFactory,
 ) -> None:
-    """Through the patched construction, queued requests produce queue-duration samples."""
-    server = await loopback_server("127.0.0.1", delay_s=0.01)
+    """Through the patched construction, each queued request records one queue-wait sample."""
+    server = await gated_server("127.0.0.1")
     instrumentor.instrument(meter_provider=meter_provider)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as session:
+    connector = aiohttp.TCPConnector(limit=2)
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def get() -> int:
-            async with session.get(server.url) as response:
+            async with session.get(f"{server.url}/hold") as response:
                 await response.read()
                 return response.status
 
-        statuses = await asyncio.gather(*(get() for _ in range(8)))
-    assert statuses == [200] * 8
-    assert server.max_in_flight <= 2
+        requests = [asyncio.create_task(get()) for _ in range(8)]
+        await server.until_held(2)
+        await eventually(lambda: queued(connector) == 6, "six requests queued")
+        server.open()
+        assert await asyncio.gather(*requests) == [200] * 8
     histogram = points(metric_reader, QUEUE_METRIC)
-    # Two requests got a free slot; the other six queued once each at least.
-    assert sum(p.count for p in histogram) >= 6
+    # Two requests got a free slot; the other six queued once each.
+    assert sum(p.count for p in histogram) == 6
+    counts = {p.attributes[SERVER_NAME]: p.value for p in points(metric_reader, CONNECT_METRIC)}
+    assert counts == {"external": 8}
 
 
 async def test_instrument_leaves_subclasses_and_earlier_connectors_alone(
@@ -238,10 +245,66 @@ async def test_instrument_connection_pool_disabled_by_environment(
     """``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL=false`` leaves connector construction alone."""
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL", "false")
     instrumentor.instrument(meter_provider=meter_provider)
-    assert not _connector_patch.is_patched()
+    assert aiohttp.TCPConnector.__dict__["__init__"] is AIOHTTP_INIT
     connector = aiohttp.TCPConnector()
     assert type(connector) is aiohttp.TCPConnector
     await connector.close()
+
+
+@pytest.mark.parametrize("off", [False, "false", "0", " OFF ", "no"])
+async def test_instrument_connection_pool_off_argument_does_not_patch(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider, off: object
+) -> None:
+    """``connection_pool=False`` or a false string leaves ``TCPConnector`` untouched."""
+    instrumentor.instrument(meter_provider=meter_provider, connection_pool=off)
+    assert aiohttp.TCPConnector.__dict__["__init__"] is AIOHTTP_INIT
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+
+
+@pytest.mark.parametrize(("environment", "patched"), [("false", False), ("true", True)])
+async def test_instrument_connection_pool_bogus_argument_warns_and_uses_environment(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    environment: str,
+    patched: bool,
+) -> None:
+    """A value that is not a boolean (``[1]``, ``"maybe"``) is named in a warning; env decides."""
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL", environment)
+    with caplog.at_level(logging.WARNING, logger="opentelemetry.instrumentation.nemo_gym"):
+        instrumentor.instrument(meter_provider=meter_provider, connection_pool=[1])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "connection_pool=[1]" in warnings[0]
+    assert (aiohttp.TCPConnector.__dict__["__init__"] is not AIOHTTP_INIT) is patched
+    connector = aiohttp.TCPConnector()
+    assert (type(connector) is QueueTimedTCPConnector) is patched
+    await connector.close()
+
+
+async def test_instrument_broken_meter_provider_leaves_aiohttp_alone(
+    instrumentor: NemoGymInstrumentor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A meter provider that cannot make meters is logged; connectors stay plain and work."""
+
+    class BrokenMeterProvider(MeterProvider):
+        def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no meters today")
+
+    provider = BrokenMeterProvider(metric_readers=[InMemoryMetricReader()])
+    try:
+        with caplog.at_level(logging.ERROR, logger="opentelemetry.instrumentation.nemo_gym"):
+            instrumentor.instrument(meter_provider=provider, sandbox_resources=False)
+        assert "connection-pool instrumentation failed" in caplog.text
+        assert aiohttp.TCPConnector.__dict__["__init__"] is AIOHTTP_INIT
+        connector = aiohttp.TCPConnector()
+        assert type(connector) is aiohttp.TCPConnector
+        await connector.close()
+    finally:
+        provider.shutdown()
 
 
 async def test_instrument_reports_each_connector_configuration_once(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
+import pydoc
+import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -59,3 +64,65 @@ def test_py_typed_is_shipped() -> None:
     assert any(str(f).endswith("nemo_gym/py.typed") for f in files) or (
         Path(environment_variables.__file__).with_name("py.typed").is_file()
     )
+
+
+def test_license_file_is_apache_2_and_shipped() -> None:
+    """LICENSE holds the Apache-2.0 text the metadata declares, and the distribution ships it."""
+    text = (Path(__file__).parents[1] / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    metadata = importlib.metadata.metadata(DISTRIBUTION)
+    assert metadata.get("License-Expression") == "Apache-2.0"
+    assert "LICENSE" in (metadata.get_all("License-File") or [])
+
+
+def test_project_urls_are_https() -> None:
+    """``[project.urls]`` exists and every entry is an https URL."""
+    urls = PYPROJECT["project"]["urls"]
+    assert urls
+    assert all(url.startswith("https://") for url in urls.values())
+
+
+def test_classifiers_declare_this_python() -> None:
+    """The interpreter running the suite is a declared one (CI runs 3.11, 3.12 and 3.13)."""
+    classifiers = PYPROJECT["project"]["classifiers"]
+    running = f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}"
+    assert running in classifiers
+    declared = [
+        c for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert declared == [f"Programming Language :: Python :: 3.{minor}" for minor in (11, 12, 13)]
+
+
+def test_help_on_the_package_lists_only_importable_submodules() -> None:
+    """pydoc lists no module (such as ``sandbox_tracing``) that cannot be imported by that name."""
+    package = importlib.import_module("opentelemetry.instrumentation.nemo_gym")
+    text = pydoc.render_doc(package, renderer=pydoc.plaintext)
+    assert "sandbox_tracing" not in text
+    if "\nSUBMODULES\n" in text:
+        listed = text.split("\nSUBMODULES\n", 1)[1].split("\n\n", 1)[0].split()
+        for name in listed:
+            importlib.import_module(f"{package.__name__}.{name}")
+
+
+def test_help_on_instrument_shows_its_keywords() -> None:
+    """``help(NemoGymInstrumentor.instrument)`` shows the documented keyword arguments."""
+    parameters = inspect.signature(NemoGymInstrumentor.instrument).parameters
+    for name in ("meter_provider", "tracer_provider", "connection_pool", "sandbox_resources"):
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameters[name].default is None
+    text = pydoc.render_doc(NemoGymInstrumentor.instrument, renderer=pydoc.plaintext)
+    assert "meter_provider" in text
+    assert "sandbox_resources" in text
+
+
+def test_readme_lists_every_variable_with_its_flag() -> None:
+    """The README's configuration table names each variable and its command-line flag."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    for name in vars(environment_variables):
+        if name.startswith("OTEL_PYTHON_NEMO_GYM_"):
+            flag = "--" + name.removeprefix("OTEL_PYTHON_").lower()
+            assert f"| `{name}` | `{flag}` |" in readme

@@ -42,18 +42,44 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
-from opentelemetry.instrumentation.nemo_gym import _settings
+from opentelemetry.instrumentation.nemo_gym import _settings, _status
 from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     TCPConnectorPatch,
     capacity_reporter,
 )
 from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers
-from opentelemetry.instrumentation.nemo_gym.sandbox import tracing as _sandbox_tracing
-from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
-from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool as _connection_pool
+
+# Functions, not modules: pydoc lists a module-valued attribute that is not a direct
+# submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
+from opentelemetry.instrumentation.nemo_gym.sandbox._nemo_gym_providers import (
+    install as _install_nemo_gym_providers,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._nemo_gym_providers import (
+    uninstall as _uninstall_nemo_gym_providers,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    disable as _disable_sandbox_tracing,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    enable as _enable_sandbox_tracing,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    wrapping_for as _sandbox_wrapping_for,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
+    capacity_workers as _capacity_workers,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
+    install as _install_server_labels,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
+    uninstall as _uninstall_server_labels,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    _bind_instrumented_telemetry,
+)
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = ["NemoGymInstrumentor", "__version__"]
@@ -103,8 +129,35 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
+    # Spelled out, not inherited, so that help() shows the keywords.
+    def instrument(
+        self,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        connection_pool: bool | None = None,
+        sandbox_resources: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Turn the instrumentation on; a failure inside is logged, never raised.
+
+        ``meter_provider`` / ``tracer_provider``: default the global providers, resolved at
+        each connector construction. ``connection_pool`` / ``sandbox_resources``: default
+        ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true). Other
+        keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
+        INFO line saying which capabilities are active and, for one that is not, why.
+        """
+        super().instrument(
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+            connection_pool=connection_pool,
+            sandbox_resources=sandbox_resources,
+            **kwargs,
+        )
+
     def _instrument(self, **kwargs: Any) -> None:
         try:
+            _settings.validate_all()  # every malformed variable warns now, once
             connection_pool = _capability_flag(
                 kwargs, "connection_pool", _settings.connection_pool_enabled
             )
@@ -121,7 +174,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
             try:
-                _nemo_gym_server.install()
+                _install_server_labels()
             except Exception:
                 logger.exception("nemo_gym: ServerClient labelling failed; skipped")
         if sandbox_resources:
@@ -131,6 +184,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 )
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
+        try:
+            _status.log_status(kwargs)  # one INFO line: which capabilities are on, and why not
+        except Exception:
+            logger.exception("nemo_gym: describing the instrumentation's status failed")
 
     def _instrument_connection_pool(self, meter_provider: metrics.MeterProvider | None) -> None:
         max_server_names = _settings.max_server_names()
@@ -167,14 +224,14 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         patch = TCPConnectorPatch(
             choose,
             capacity_reporter(
-                _nemo_gym_server.capacity_workers(),
+                _capacity_workers(),
                 _settings.intended_concurrency(),
                 _settings.intended_concurrency_per_host(),
             ),
         )
         patch.install()
         self._pool_patch = patch
-        _connection_pool._instrumented_telemetry = current
+        _bind_instrumented_telemetry(current)
 
     @staticmethod
     def _instrument_sandbox(
@@ -183,32 +240,32 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     ) -> None:
         # None keeps the global provider, looked up at each use (it may be set later); the
         # fleet counters are made once per meter provider (SandboxFleetMetrics.of).
-        state = _sandbox_tracing.enable(
+        state = _enable_sandbox_tracing(
             tracer_provider,
             meter_provider=meter_provider,
             interval_s=_settings.sandbox_resource_interval(),
             instrumentation_version=__version__,
         )
         # Every provider NeMo Gym builds, whatever its origin, traced with this state.
-        _nemo_gym_providers.install(_sandbox_tracing.wrapping_for(state))
+        _install_nemo_gym_providers(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         try:
             if self._pool_patch is not None:
                 self._pool_patch.uninstall()
                 self._pool_patch = None
-            _connection_pool._instrumented_telemetry = None
+            _bind_instrumented_telemetry(None)
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
         try:
-            _nemo_gym_server.uninstall()
+            _uninstall_server_labels()
         except Exception:
             logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
         try:
-            _nemo_gym_providers.uninstall()
+            _uninstall_nemo_gym_providers()
         except Exception:
             logger.exception("nemo_gym: restoring nemo_gym's create_provider failed")
         try:
-            _sandbox_tracing.disable()
+            _disable_sandbox_tracing()
         except Exception:
             logger.exception("nemo_gym: disabling sandbox instrumentation failed")

@@ -11,8 +11,10 @@ turns our telemetry off rather than breaking the application.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from opentelemetry import metrics, trace
+from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
@@ -23,14 +25,57 @@ def sdk_disabled() -> bool:
     return os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true"
 
 
+# Each status is (exporting, reason). The reason is a phrase for the instrumentor's one-line
+# summary: what was found, and for a "no", what would turn it on.
+ExportStatus = tuple[bool, str]
+
+_INSTALL_HINT = (
+    "for opentelemetry-instrument install opentelemetry-distro and an exporter, "
+    "or set an SDK {kind} yourself"
+)
+
+
+def _exporter_none(variable: str) -> bool:
+    return os.environ.get(variable, "").strip().lower() == "none"
+
+
+def _common_refusal(
+    provider: object, sdk_class: type, kind: Literal["MeterProvider", "TracerProvider"]
+) -> str | None:
+    """Why ``provider`` cannot export whatever its readers are, or None when it could."""
+    if sdk_disabled():
+        return f"{OTEL_SDK_DISABLED}=true"
+    if not isinstance(provider, sdk_class):
+        return (
+            f"no SDK {kind} (the global one is a {type(provider).__name__.lstrip('_')}; "
+            f"{_INSTALL_HINT.format(kind=kind)})"
+        )
+    if getattr(provider, "_disabled", False):
+        return f"the SDK {kind} is disabled"
+    return None
+
+
+def metrics_export_status(meter_provider: metrics.MeterProvider | None = None) -> ExportStatus:
+    """Whether ``meter_provider`` (default: the global one) sends metrics anywhere, and why.
+
+    Never raises; the reason names what was found (``OTEL_SDK_DISABLED``, no SDK provider,
+    no metric reader, ``OTEL_METRICS_EXPORTER=none``).
+    """
+    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    refusal = _common_refusal(provider, SdkMeterProvider, "MeterProvider")
+    if refusal is not None or not isinstance(provider, SdkMeterProvider):
+        return False, refusal or "no SDK MeterProvider"
+    readers = _metric_reader_count(provider)
+    if readers == 0:
+        if _exporter_none(OTEL_METRICS_EXPORTER):
+            return False, f"{OTEL_METRICS_EXPORTER}=none: the MeterProvider has no metric reader"
+        return False, "the SDK MeterProvider has no metric reader"
+    return True, f"SDK MeterProvider with {readers} metric reader{'' if readers == 1 else 's'}"
+
+
 def metrics_exported(meter_provider: metrics.MeterProvider | None = None) -> bool:
     """Whether ``meter_provider`` (default: the global one) sends metrics anywhere."""
-    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-    if not isinstance(provider, SdkMeterProvider) or sdk_disabled():
-        return False
-    if getattr(provider, "_disabled", False):
-        return False
-    return _metric_reader_count(provider) > 0
+    return metrics_export_status(meter_provider)[0]
 
 
 def _metric_reader_count(provider: SdkMeterProvider) -> int:
@@ -60,6 +105,29 @@ def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]
     return tuple(processors) if isinstance(processors, tuple | list) else ()
 
 
+def traces_export_status(
+    tracer_provider: trace.TracerProvider | None = None,
+    *,
+    ignore: tuple[type, ...] = (),
+) -> ExportStatus:
+    """Whether ``tracer_provider`` (default: the global one) sends spans anywhere, and why.
+
+    Processors that are instances of ``ignore`` (our own, which only decorate spans) do not
+    count as a destination. Never raises.
+    """
+    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    refusal = _common_refusal(provider, SdkTracerProvider, "TracerProvider")
+    if refusal is not None:
+        return False, refusal
+    destinations = sum(1 for p in span_processors(provider) if not isinstance(p, ignore))
+    if destinations == 0:
+        if _exporter_none(OTEL_TRACES_EXPORTER):
+            return False, f"{OTEL_TRACES_EXPORTER}=none: the TracerProvider has no span processor"
+        return False, "the SDK TracerProvider has no span processor that exports"
+    plural = "" if destinations == 1 else "s"
+    return True, f"SDK TracerProvider with {destinations} exporting span processor{plural}"
+
+
 def traces_exported(
     tracer_provider: trace.TracerProvider | None = None,
     *,
@@ -70,9 +138,4 @@ def traces_exported(
     Processors that are instances of ``ignore`` (our own, which only decorate spans) do not
     count as a destination.
     """
-    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-    if not isinstance(provider, SdkTracerProvider) or sdk_disabled():
-        return False
-    if getattr(provider, "_disabled", False):
-        return False
-    return any(not isinstance(p, ignore) for p in span_processors(provider))
+    return traces_export_status(tracer_provider, ignore=ignore)[0]

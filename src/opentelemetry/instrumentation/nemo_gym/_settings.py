@@ -22,15 +22,12 @@ _FALSE = frozenset({"false", "0", "no", "off"})
 
 
 def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
-    _ONCE(
-        (name, raw),
-        logging.WARNING,
-        "%s=%r is not %s; using the default %r",
-        name,
-        raw,
-        expected,
-        default,
+    # A default of None means "not configured": the check it feeds is skipped, which is what
+    # the user needs to read, not Python's spelling of it.
+    fallback = (
+        "treating it as unset: no check" if default is None else f"using the default {default!r}"
     )
+    _ONCE((name, raw), logging.WARNING, "%s=%r is not %s; %s", name, raw, expected, fallback)
 
 
 def parse_bool(raw: str) -> bool | None:
@@ -83,6 +80,25 @@ def read_float(name: str, default: float, *, minimum: float) -> float:
         _warn_once(name, raw, f"a finite number >= {minimum}", default)
         return default
     return value
+
+
+def validate_all() -> None:
+    """Read every ``OTEL_PYTHON_NEMO_GYM_*`` variable now, so each bad value warns at start-up.
+
+    Called at the start of ``instrument()``: a typo in a variable that is only read later
+    (the sampling interval, at the first sandbox) would otherwise stay silent until then, or
+    forever. Each bad value warns once; the readers used later repeat nothing.
+    """
+    for read in (
+        connection_pool_enabled,
+        sandbox_resources_enabled,
+        sandbox_resource_interval,
+        workers,
+        intended_concurrency,
+        intended_concurrency_per_host,
+        max_server_names,
+    ):
+        read()
 
 
 def connection_pool_enabled() -> bool:

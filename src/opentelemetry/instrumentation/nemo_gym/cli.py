@@ -1,25 +1,30 @@
 """The ``nemo-gym-otel`` command: check aiohttp pool sizing before a deployment runs.
 
-``nemo-gym-otel capacity --limit N --limit-per-host N --workers N [--intended N]
-[--intended-per-host N]`` prints the capacity report and any warnings to stderr and exits 0
-when the configuration is safe, 1 on an unsafe mismatch between intended demand and capacity,
-and 2 on bad input (with the reason).
+``nemo-gym-otel capacity --limit N [--limit-per-host N] [--workers N] [--intended N]
+[--intended-per-host N] [--json]`` prints the capacity report to stdout (so it can be piped)
+and any warnings to stderr, and exits 0 when the configuration is safe, 1 on an unsafe
+mismatch between intended demand and capacity, and 2 on bad input (with the reason, naming
+the flag as typed). ``--json`` prints one JSON object instead, for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import NoReturn
 
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
+    FieldNames,
     _PoolConfig,
+    capacity_fields,
+    capacity_for,
+    capacity_line,
     capacity_warnings,
 )
+from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 EXIT_SAFE = 0
 EXIT_UNSAFE = 1
@@ -27,14 +32,28 @@ EXIT_BAD_INPUT = 2
 
 _PROG = "nemo-gym-otel"
 
+# Errors and suggestions call each input by the flag the user typed.
+_FLAG_NAMES = FieldNames(
+    limit="--limit",
+    limit_per_host="--limit-per-host",
+    intended="--intended",
+    intended_per_host="--intended-per-host",
+    workers="--workers",
+    skip_check="omit it",
+)
+
 
 class _UsageError(Exception):
     """Raised instead of argparse's own exit, so ``main`` can return 2 with the reason."""
 
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser  # the (sub)command whose usage to print
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise _UsageError(self, message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=_PROG,
         description="OpenTelemetry nemo_gym instrumentation tools.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     capacity = commands.add_parser(
         "capacity",
@@ -49,42 +69,38 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Divide one server's aiohttp connector limits across its workers and check them "
             "against intended concurrency, the open-file limit and the ephemeral-port "
-            "budget. Limits of 0 mean unlimited."
+            "budget. Limits of 0 mean unlimited. The report goes to stdout, warnings to "
+            "stderr. Exit status: 0 safe, 1 unsafe mismatch, 2 bad input."
         ),
     )
-    capacity.add_argument("--limit", type=int, required=True, help="total connector limit")
     capacity.add_argument(
-        "--limit-per-host", type=int, required=True, help="per-host connector limit"
+        "--limit", type=int, required=True, help="total connector limit, all workers (0: unlimited)"
     )
     capacity.add_argument(
-        "--workers", type=int, required=True, help="worker processes sharing these limits"
+        "--limit-per-host",
+        type=int,
+        default=0,
+        help="per-host connector limit, all workers (default 0: unlimited)",
     )
     capacity.add_argument(
-        "--intended", type=int, default=None, help="intended concurrent requests, all workers"
+        "--workers", type=int, default=1, help="worker processes sharing these limits (default 1)"
+    )
+    capacity.add_argument(
+        "--intended",
+        type=int,
+        default=None,
+        help="intended concurrent requests, all workers (omit it: no check)",
     )
     capacity.add_argument(
         "--intended-per-host",
         type=int,
         default=None,
-        help="intended concurrent requests to one destination, all workers",
+        help="intended concurrent requests to one destination, all workers (omit it: no check)",
+    )
+    capacity.add_argument(
+        "--json", action="store_true", help="print one JSON object to stdout instead, for scripts"
     )
     return parser
-
-
-@contextmanager
-def _quiet_unconfigured_logging() -> Iterator[None]:
-    # The report prints its warnings itself (visible=True). With no logging configured,
-    # Python's last-resort handler would print each warning a second time.
-    pool_logger = connection_pool.logger
-    if pool_logger.hasHandlers():
-        yield
-        return
-    handler = logging.NullHandler()
-    pool_logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        pool_logger.removeHandler(handler)
 
 
 def _capacity(args: argparse.Namespace) -> int:
@@ -94,16 +110,24 @@ def _capacity(args: argparse.Namespace) -> int:
         global_aiohttp_intended_concurrency=args.intended,
         global_aiohttp_intended_concurrency_per_host=args.intended_per_host,
     )
-    capacity = connection_pool.connection_pool_capacity(cfg, args.workers)
-    with _quiet_unconfigured_logging():
-        connection_pool.report_connection_pool_capacity(cfg, capacity, visible=True)
-    warnings = capacity_warnings(
-        cfg,
-        capacity,
-        connection_pool._fd_soft_limit(),
-        connection_pool._ephemeral_port_capacity(),
-    )
-    return EXIT_UNSAFE if warnings else EXIT_SAFE
+    capacity = capacity_for(cfg, args.workers, _FLAG_NAMES)
+    fd_soft_limit = connection_pool._fd_soft_limit()
+    ephemeral_ports = connection_pool._ephemeral_port_capacity()
+    warnings = capacity_warnings(cfg, capacity, fd_soft_limit, ephemeral_ports, _FLAG_NAMES)
+    code = EXIT_UNSAFE if warnings else EXIT_SAFE
+    if args.json:
+        report = {
+            **capacity_fields(cfg, capacity, fd_soft_limit, ephemeral_ports),
+            "safe": not warnings,
+            "warnings": warnings,
+            "exit_code": code,
+        }
+        print(json.dumps(report, indent=2))
+        return code
+    print(capacity_line(cfg, capacity, fd_soft_limit, ephemeral_ports))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except _UsageError as error:
-        parser.print_usage(sys.stderr)
-        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        error.parser.print_usage(sys.stderr)
+        print(f"{error.parser.prog}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as done:
         # --help and --version exit through argparse; turn that into a return value.
@@ -124,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _capacity(args)
     except ValueError as error:
-        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        print(f"{_PROG} capacity: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

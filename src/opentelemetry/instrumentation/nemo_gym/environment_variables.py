@@ -1,8 +1,12 @@
 """Environment variables read by the nemo_gym instrumentation.
 
-``opentelemetry-instrument`` lists these through the ``opentelemetry_environment_variables``
-entry point. A value that cannot be parsed is reported once, with the variable and the value,
-and the default is used instead: configuration never stops an application from starting.
+``opentelemetry-instrument`` offers each as a flag through the
+``opentelemetry_environment_variables`` entry point: ``OTEL_PYTHON_`` dropped, the rest lower
+case (``OTEL_PYTHON_NEMO_GYM_WORKERS`` is ``--nemo_gym_workers``). It builds those flags from
+the names alone, so its ``--help`` shows no description for them (nor for any other
+instrumentation's); the descriptions are here and in the README. Every variable is checked
+when ``instrument()`` runs: a value that cannot be parsed is reported once, with the variable
+and the value, and the default is used instead; configuration never stops an application.
 """
 
 OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL = "OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL"
@@ -11,6 +15,7 @@ OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL = "OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL"
 
 Whether ``instrument()`` patches ``aiohttp.TCPConnector`` construction so pools report queue
 waits and connects. ``true`` (default) or ``false``.
+Flag: ``--nemo_gym_connection_pool``.
 """
 
 OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES"
@@ -19,6 +24,7 @@ OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES
 
 Whether ``instrument()`` registers the sandbox span processor and traces the bundled sandbox
 providers. ``true`` (default) or ``false``.
+Flag: ``--nemo_gym_sandbox_resources``.
 """
 
 OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
@@ -27,6 +33,7 @@ OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL = "OTEL_PYTHON_NEMO_GYM_SANDBOX_R
 
 Seconds between resource usage samples of a running sandbox. Default 10; ``0`` turns periodic
 sampling off (the allocation and the final sample are still recorded).
+Flag: ``--nemo_gym_sandbox_resource_interval``.
 """
 
 OTEL_PYTHON_NEMO_GYM_WORKERS = "OTEL_PYTHON_NEMO_GYM_WORKERS"
@@ -35,6 +42,7 @@ OTEL_PYTHON_NEMO_GYM_WORKERS = "OTEL_PYTHON_NEMO_GYM_WORKERS"
 
 Number of worker processes that share one server's configured connector limits. The capacity
 report divides limits across them. Default 1.
+Flag: ``--nemo_gym_workers``.
 """
 
 OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY = "OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY"
@@ -43,6 +51,7 @@ OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY = "OTEL_PYTHON_NEMO_GYM_INTENDED_CONCU
 
 Expected concurrent outbound requests of one server's process group. When set, the capacity
 report warns if a connector's total limit cannot serve it. Unset by default (no check).
+Flag: ``--nemo_gym_intended_concurrency``.
 """
 
 OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST = (
@@ -54,6 +63,7 @@ OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST = (
 Expected concurrent outbound requests to one destination from one server's process group.
 When set, the capacity report checks it against the per-host limit and the ephemeral-port
 budget. Unset by default (no check).
+Flag: ``--nemo_gym_intended_concurrency_per_host``.
 """
 
 OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES = "OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES"
@@ -62,4 +72,5 @@ OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES = "OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES"
 
 Most distinct destination labels (``set_server_name``) recorded per process; later names are
 recorded as ``other``, with one warning. Default 100.
+Flag: ``--nemo_gym_max_server_names``.
 """

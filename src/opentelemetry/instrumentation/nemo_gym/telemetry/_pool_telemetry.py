@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 OTHER_LABEL: Final = "other"
 DEFAULT_BATCH_SIZE: Final = 128
+_MAX_CACHED_ATTRIBUTE_SETS: Final = 4096
 
 # A queue-wait sample as the hot path leaves it: seconds waited, binding constraint, the
 # exception type that ended the wait (None when it ended with a slot), destination label,
@@ -251,6 +252,14 @@ class PoolTelemetry:
         connectors[key] = weakref.ref(connector, retire)
         return counts
 
+    def detach(self, connector: Any) -> None:
+        """Stop reading ``connector``; what it counted so far stays in this telemetry's totals."""
+        # Dropping the weak reference also drops its callback, so the counts are retired here.
+        if self._connectors.pop(id(connector), None) is not None:
+            counts = getattr(connector, "_nemo_gym_counts", None)
+            if isinstance(counts, ConnectorCounts):
+                self._retired.append(counts)
+
     def admit(self, label: str) -> str:
         """``label`` while under the distinct-label cap, else ``other`` (warning once)."""
         if label in self._labels:
@@ -321,6 +330,10 @@ class PoolTelemetry:
             semconv = self._semconv_attributes.get(semconv_key)
             if semconv is None:
                 semconv = self._semconv_wait_attributes(where, constraint, error_type, label)
+                # server.address is not bounded like the labels are: a client that talks to
+                # ever-new hosts must not grow this cache without end.
+                if len(self._semconv_attributes) >= _MAX_CACHED_ATTRIBUTE_SETS:
+                    self._semconv_attributes.clear()
                 self._semconv_attributes[semconv_key] = semconv
             self._time_in_queue.record(seconds, semconv, ctx)
 
@@ -466,6 +479,9 @@ class PoolTelemetry:
     def _reinit_locks_after_fork(self) -> None:
         self._labels_lock = threading.Lock()
         self._collect_lock = threading.Lock()
+        # The log-once memory has a lock of its own (taken when the label cap is first hit);
+        # the child starts with a fresh one, and so may log each problem once more.
+        self._failures = OnceLog(logger)
 
 
 def _destination_attributes(where: Destination) -> dict[str, str | int]:

@@ -89,6 +89,13 @@ _PORT_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 _instrumented_telemetry: Callable[[], PoolTelemetry | None] | None = None
 
 
+def _bind_instrumented_telemetry(source: Callable[[], PoolTelemetry | None] | None) -> None:
+    """Where directly constructed connectors record from now on (``None``: the global
+    provider's telemetry). Called by ``NemoGymInstrumentor`` only."""
+    global _instrumented_telemetry
+    _instrumented_telemetry = source
+
+
 def set_server_name(server_name: str) -> contextvars.Token[str]:
     """Set the bounded destination label while one logical request and its retries run.
 
@@ -190,8 +197,14 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
     def _nemo_gym_attach(self, telemetry: PoolTelemetry | None) -> None:
         """Bind this connector to ``telemetry`` (``None``: count nothing anywhere).
 
-        Also how the instrumentor turns a just-built ``TCPConnector`` into one of these.
+        Binding again moves the connector: the telemetry it was bound to keeps what it counted
+        so far and stops reading it, so no meter provider reports a connector twice.
         """
+        previous = getattr(self, "_nemo_gym_pool", None)
+        if previous is not None:
+            if previous is telemetry:
+                return
+            previous.detach(self)
         self._nemo_gym_pool = telemetry
         self._nemo_gym_counts = (
             telemetry.attach(self) if telemetry is not None else ConnectorCounts()

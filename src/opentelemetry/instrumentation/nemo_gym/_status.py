@@ -1,0 +1,85 @@
+"""The one line ``instrument()`` logs: which capabilities are active, and why one is not.
+
+Installed, instrumented, and nothing happens is the worst first five minutes: with no SDK
+provider, no metric reader or an exporter set to ``none``, connectors stay plain by design.
+This line says so, once per ``instrument()``, at INFO level. The decisions themselves live in
+``_exporting`` and ``_settings``; this module only words them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+
+logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
+
+
+def _switched_off(kwargs: Mapping[str, Any], argument: str, variable: str) -> str | None:
+    """Why a capability was turned off by the caller or the environment, or None if it was not.
+
+    Mirrors ``_instrument``: an argument that is a bool or a boolean string wins, anything
+    else (``None`` included) leaves the decision to the variable.
+    """
+    value = kwargs.get(argument)
+    chosen = _settings.parse_bool(value) if isinstance(value, str) else value
+    if isinstance(chosen, bool):
+        return None if chosen else f"{argument}={value!r} was passed to instrument()"
+    enabled = (
+        _settings.connection_pool_enabled()
+        if argument == "connection_pool"
+        else _settings.sandbox_resources_enabled()
+    )
+    return None if enabled else f"{variable}={os.environ.get(variable, '')!r}"
+
+
+def _connection_pool_status(kwargs: Mapping[str, Any]) -> str:
+    off = _switched_off(kwargs, "connection_pool", env.OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL)
+    if off is not None:
+        return f"connection_pool=off ({off})"
+    exporting, reason = _exporting.metrics_export_status(kwargs.get("meter_provider"))
+    if exporting:
+        return f"connection_pool=on ({reason}: new aiohttp.TCPConnector pools are timed)"
+    # Decided again at each construction: a provider set up after instrument() still counts.
+    return (
+        f"connection_pool=off for now ({reason}; aiohttp.TCPConnector stays plain, "
+        "checked again at each construction)"
+    )
+
+
+def _sandbox_status(kwargs: Mapping[str, Any]) -> str:
+    off = _switched_off(kwargs, "sandbox_resources", env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES)
+    if off is not None:
+        return f"sandbox_resources=off ({off})"
+    # Imported here: the sandbox package imports this package's modules at import time.
+    from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
+
+    exporting, reason = _exporting.traces_export_status(
+        kwargs.get("tracer_provider"), ignore=(SandboxSpanProcessor,)
+    )
+    if not exporting:
+        return f"sandbox_resources=off ({reason}; sandbox records are not exported)"
+    interval = _settings.sandbox_resource_interval()
+    sampling = (
+        f"usage sampled every {interval:g} s"
+        if interval > 0
+        else f"periodic usage sampling off ({env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL}=0)"
+    )
+    return f"sandbox_resources=on ({reason}; {sampling})"
+
+
+def status_line(kwargs: Mapping[str, Any]) -> str:
+    """The summary for ``instrument(**kwargs)``: each capability, on or off and why."""
+    return f"nemo_gym instrumentation: {_connection_pool_status(kwargs)}; {_sandbox_status(kwargs)}"
+
+
+def log_status(kwargs: Mapping[str, Any]) -> None:
+    """Log ``status_line(kwargs)`` at INFO. Called at the end of ``_instrument``; never raises."""
+    try:
+        logger.info("%s", status_line(kwargs))
+    except Exception:
+        logger.debug("nemo_gym could not summarise its instrumentation", exc_info=True)

@@ -1,0 +1,139 @@
+"""``examples/prometheus/rules.yml`` passes ``promtool`` and its unit tests cover every rule.
+
+``promtool`` (Debian's ``prometheus`` package) checks the rules and runs
+``examples/prometheus/rules_test.yml``; the other tests read both files to hold the unit
+tests to the promise that every alert is seen firing and not firing, every recording rule's
+value is pinned, and every alert tells the operator what to change.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import require_service
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "prometheus"
+RULES = EXAMPLE / "rules.yml"
+RULES_TEST = EXAMPLE / "rules_test.yml"
+
+# The two names of the queue-wait histogram: page 004's (default) and the semantic
+# conventions' (OTEL_SEMCONV_STABILITY_OPT_IN=http).
+QUEUE_HISTOGRAMS = (
+    "gym_http_connection_pool_queue_duration_ms_milliseconds",
+    "http_client_request_time_in_queue_seconds",
+)
+# Alerts about pool sizing end in the command that checks the new sizing.
+POOL_ALERTS = {
+    "NemoGymPoolSaturated",
+    "NemoGymPoolPerHostSaturated",
+    "NemoGymQueueWaitHigh",
+    "NemoGymQueueWaitsAbandoned",
+}
+
+
+def _rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def _alert_tests() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES_TEST.read_text())
+    return [case for test in document["tests"] for case in test.get("alert_rule_test", [])]
+
+
+def _expr_tests() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES_TEST.read_text())
+    return [case for test in document["tests"] for case in test.get("promql_expr_test", [])]
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    require_service(
+        promtool is not None, "promtool is not on PATH (apt-get install prometheus ships it)"
+    )
+    assert promtool is not None
+    return subprocess.run(
+        [promtool, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=EXAMPLE,
+    )
+
+
+def test_rules_file_passes_promtool_check() -> None:
+    """``promtool check rules`` accepts the file and counts every rule in it."""
+    result = _promtool("check", "rules", RULES.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+
+
+def test_rules_unit_tests_pass_promtool() -> None:
+    """``promtool test rules`` passes every unit test in ``rules_test.yml``."""
+    result = _promtool("test", "rules", RULES_TEST.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_rules_every_alert_is_tested_firing_and_not_firing() -> None:
+    """Each alert has a unit test where it fires and one where it does not."""
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for case in _alert_tests():
+        (firing if case.get("exp_alerts") else silent).add(case["alertname"])
+    alerts = {rule["alert"] for rule in _rules() if "alert" in rule}
+    assert len(alerts) == 6
+    assert alerts - firing == set(), "never tested firing"
+    assert alerts - silent == set(), "never tested silent"
+
+
+def test_rules_every_recording_rule_value_is_pinned() -> None:
+    """Each recorded series has an exact expected sample in some unit test."""
+    pinned = {
+        sample["labels"].split("{", 1)[0]
+        for case in _expr_tests()
+        for sample in case.get("exp_samples") or []
+    }
+    records = {rule["record"] for rule in _rules() if "record" in rule}
+    assert records - pinned == set()
+
+
+def test_rules_every_alert_says_what_to_change() -> None:
+    """Alerts carry a summary and a description; pool alerts end in the capacity command."""
+    for rule in _rules():
+        if "alert" not in rule:
+            continue
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip(), rule["alert"]
+        assert annotations["description"].strip(), rule["alert"]
+        if rule["alert"] in POOL_ALERTS:
+            action = annotations["action"]
+            assert "nemo-gym-otel capacity" in action, rule["alert"]
+            for flag in ("--limit ", "--limit-per-host ", "--workers "):
+                assert flag in action, (rule["alert"], flag)
+
+
+def test_rules_queue_rules_read_both_naming_modes() -> None:
+    """Every rule that reads the queue-wait histogram reads it under both names."""
+    readers = [
+        rule
+        for rule in _rules()
+        if "record" in rule and any(name in rule["expr"] for name in QUEUE_HISTOGRAMS)
+    ]
+    assert len(readers) == 4
+    for rule in readers:
+        for name in QUEUE_HISTOGRAMS:
+            assert name in rule["expr"], (rule["record"], name)
+        # Milliseconds on one side become seconds like the other's.
+        if "queue_wait_seconds" in rule["record"]:
+            assert re.search(r"\)\)\s*/\s*1000\s+or", rule["expr"]), rule["record"]

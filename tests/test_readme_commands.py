@@ -1,0 +1,209 @@
+"""Every shell command in the README runs, as written, and does what the README says.
+
+The commands are read from the README's ``console`` blocks (``$ `` starts one, a trailing
+backslash continues it; other lines are the output the README shows). Each is run with
+``bash -c`` from the repository root, exactly as written, with only these exceptions:
+
+* commands listed in ``NOT_RUN_HERE`` are not run, for the reason given beside each;
+* the install lines (``INSTALL_SEQUENCE``) run in order in a throwaway virtualenv, as a user
+  with that virtualenv active would run them, ending with the zero-code command.
+
+``test_readme_commands_all_accounted_for`` fails when the README gains a command this file
+does not know, or loses one it does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import require_service
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
+
+# The README's commands use .venv: run them once, from the suite run in .venv, not again
+# from CI's other virtualenvs (lowest aiohttp, other Pythons), where they would test the same.
+IN_DOT_VENV = Path(sys.prefix).resolve() == (ROOT / ".venv").resolve()
+once = pytest.mark.skipif(
+    not IN_DOT_VENV, reason="run once, by the suite in .venv (the README's commands use it)"
+)
+
+pytestmark = pytest.mark.integration
+
+_RECURSES = "it runs this very test suite: running it from here would recurse"
+NOT_RUN_HERE = {
+    "pip install opentelemetry-instrumentation-nemo-gym": (
+        "the distribution is not on PyPI yet; the install-from-source line next to it is run"
+    ),
+    "pip install opentelemetry-instrumentation-nemo-gym opentelemetry-distro": (
+        "the distribution is not on PyPI yet; the install-from-source line is run"
+    ),
+    "opentelemetry-instrument --traces_exporter console --metrics_exporter console "
+    "--logs_exporter none python your_nemo_gym_app.py": (
+        "a placeholder for the user's application; the same command on "
+        "examples/nemo_gym_sandbox.py is run"
+    ),
+    "bash scripts/test.sh": _RECURSES,
+    "bash scripts/test.sh -x -q": _RECURSES,
+    "CI=true bash .ci/run": (
+        "it is CI itself (installs Debian packages, starts Podman, and runs this suite)"
+    ),
+}
+
+# Run in this order in one fresh virtualenv, from the repository root.
+INSTALL_SEQUENCE = (
+    "pip install .",
+    "pip install opentelemetry-distro",
+    "opentelemetry-instrument --metrics_exporter console --traces_exporter none "
+    "--logs_exporter none python examples/quickstart.py",
+)
+
+# What a run must show beyond its exit status (0 unless EXIT_STATUS says otherwise).
+EXIT_STATUS = {
+    "nemo-gym-otel capacity --limit 256 --limit-per-host 64 --workers 4 --intended 1024": 1,
+}
+MUST_SHOW = {
+    "bash scripts/quickstart.sh": ("Sent 300 requests", "What to do:", "nemo-gym-otel capacity"),
+    "examples/quickstart.py": (QUEUE_METRIC, "Using the meter provider configured by"),
+    "examples/nemo_gym_sandbox.py": ('"name": "sandbox.create"', '"name": "sandbox.resources"'),
+    "examples/sandbox.py": ("How to read it:",),
+    "--json": ('"safe": true', '"exit_code": 0'),
+}
+MUST_NOT_SHOW = {
+    "opentelemetry-instrument": (
+        "Failed to auto initialize OpenTelemetry",
+        "Attempting to instrument while already instrumented",
+        "Traceback",
+    ),
+    "quickstart": ("Traceback",),
+}
+# Values that differ between machines, in output lines the README shows.
+MACHINE_VALUES = re.compile(r"(file_descriptor_soft_limit|ephemeral_ports_per_destination)=\S+")
+
+
+def readme_commands() -> list[tuple[str, list[str]]]:
+    """Each ``console`` command in the README with the output lines shown under it."""
+    found: list[tuple[str, list[str]]] = []
+    in_console = False
+    pending: list[str] = []
+    for line in README.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_console = line.strip() == "```console"
+            continue
+        if not in_console:
+            continue
+        if pending:  # a continued command
+            pending.append(line.strip())
+        elif line.startswith("$ "):
+            pending = [line[2:].strip()]
+        elif found:
+            found[-1][1].append(line)
+            continue
+        if pending and not pending[-1].endswith("\\"):
+            command = " ".join(part.removesuffix("\\").strip() for part in pending)
+            # A trailing "# comment" is the shell's business, but not part of the name.
+            found.append((re.sub(r"\s+#\s.*$", "", command).strip(), []))
+            pending = []
+    return found
+
+
+COMMANDS = readme_commands()
+RUN_AS_WRITTEN = [
+    (command, shown)
+    for command, shown in COMMANDS
+    if command not in NOT_RUN_HERE and command not in INSTALL_SEQUENCE
+]
+
+
+def _environment() -> dict[str, str]:
+    """This process's environment, less anything that would configure OpenTelemetry."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OTEL_", "PYTEST_", "VIRTUAL_ENV"))
+    }
+
+
+def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_readme_commands_all_accounted_for() -> None:
+    """Every README command is run here or has a stated reason; no entry here is stale."""
+    names = [command for command, _ in COMMANDS]
+    assert len(names) == len(set(names)), "a README command appears twice"
+    for command in [*NOT_RUN_HERE, *INSTALL_SEQUENCE]:
+        assert command in names, f"{command!r} is no longer in the README"
+    for fragment in [*EXIT_STATUS, *MUST_SHOW, *MUST_NOT_SHOW]:
+        assert any(fragment in name for name in names), f"{fragment!r} matches no command"
+    assert len(RUN_AS_WRITTEN) >= 6
+
+
+@once
+@pytest.mark.parametrize(("command", "shown"), RUN_AS_WRITTEN, ids=[c for c, _ in RUN_AS_WRITTEN])
+def test_readme_command_runs_as_written(command: str, shown: list[str]) -> None:
+    """The command succeeds from the repository root and prints what the README shows."""
+    require_service(
+        (ROOT / ".venv" / "bin" / "python").exists(),
+        "the README's commands use .venv, which `bash scripts/quickstart.sh` creates",
+    )
+    result = _run(command, _environment(), timeout=540)
+    output = result.stdout + result.stderr
+    expected = next((code for fragment, code in EXIT_STATUS.items() if fragment in command), 0)
+    assert result.returncode == expected, output[-4000:]
+    for fragment, needles in MUST_SHOW.items():
+        if fragment in command:
+            for needle in needles:
+                assert needle in output, f"{needle!r} missing from the output:\n{output[-4000:]}"
+    for fragment, needles in MUST_NOT_SHOW.items():
+        if fragment in command:
+            for needle in needles:
+                assert needle not in output, f"{needle!r} in the output:\n{output[-4000:]}"
+    actual_lines = {MACHINE_VALUES.sub(r"\1=…", line) for line in output.splitlines()}
+    for line in shown:
+        assert MACHINE_VALUES.sub(r"\1=…", line) in actual_lines, f"README shows {line!r}"
+
+
+@once
+def test_readme_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
+    """From source plus the distro, in a new virtualenv: the zero-code command prints metrics.
+
+    The PyPI line is replaced by the install-from-source line next to it (not published yet).
+    """
+    home = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(home)
+    env = _environment()
+    env.update(PATH=f"{home / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(home))
+    for command in INSTALL_SEQUENCE:
+        result = _run(command, env, timeout=540)
+        assert result.returncode == 0, f"{command}\n{(result.stdout + result.stderr)[-4000:]}"
+    # The last one is the zero-code run: console metrics on stdout, no SDK failure.
+    assert QUEUE_METRIC in result.stdout
+    assert '"nemo.gym.http.connection_pool.queue_constraint": "total"' in result.stdout
+    assert "Failed to auto initialize OpenTelemetry" not in result.stderr
+    assert "Attempting to instrument while already instrumented" not in result.stderr
+    installed = subprocess.run(
+        [str(home / "bin" / "python"), "-c", "import opentelemetry.instrumentation.nemo_gym"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert sys.prefix != str(home)
