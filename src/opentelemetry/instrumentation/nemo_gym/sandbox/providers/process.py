@@ -146,6 +146,20 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+# Killed commands of cancelled execs, reaped beside the cancellation (the loop keeps only weak
+# references to tasks).
+_REAPING: set[asyncio.Task[int]] = set()
+
+
+def _reap_in_background(process: asyncio.subprocess.Process) -> None:
+    """Wait for a killed command's exit in a task of its own, so a cancelled exec propagates at
+    once and asyncio still closes the command's transport (instead of a ResourceWarning about
+    a subprocess still running when the object is collected)."""
+    task = asyncio.ensure_future(process.wait())
+    _REAPING.add(task)
+    task.add_done_callback(_REAPING.discard)
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
@@ -349,6 +363,7 @@ class ProcessSandboxProvider:
             await process.wait()
         except asyncio.CancelledError:
             _kill_group(process.pid)
+            _reap_in_background(process)
             for reader in readers:
                 reader.cancel()
             raise
