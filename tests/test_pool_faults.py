@@ -263,7 +263,7 @@ _FORK_SCRIPT = textwrap.dedent(
             telemetry._labels_lock,
             telemetry._collect_lock,
             telemetry._failures._lock,
-            _pool_telemetry._BY_PROVIDER_LOCK,
+            _pool_telemetry._BY_PROVIDER.lock,
         ):
             holding.set()
             release.wait(60)

@@ -27,16 +27,15 @@ pure.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
 from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,
@@ -138,17 +137,7 @@ class SandboxFleetMetrics:
         """The counters of ``meter_provider``, made on first use; later calls return the same
         object whatever ``version`` they pass. Raises whatever the provider raises when it
         cannot create instruments."""
-        with _BY_PROVIDER_LOCK:
-            try:
-                existing = _BY_PROVIDER.get(meter_provider)
-            except TypeError:
-                existing = None  # a provider that cannot be weakly referenced is not cached
-            if existing is not None:
-                return existing
-            created = cls(meter_provider, version=version)
-            with contextlib.suppress(TypeError):
-                _BY_PROVIDER[meter_provider] = created
-            return created
+        return _BY_PROVIDER.get(meter_provider, lambda: cls(meter_provider, version=version))
 
     def _provider_label(self, provider: str) -> str:
         with self._lock:
@@ -245,11 +234,7 @@ class SandboxFleetMetrics:
         self.oom_killed(provider, new_oom_kills(previous, sample))
 
 
-# One SandboxFleetMetrics per meter provider, for as long as the provider lives.
-_BY_PROVIDER: weakref.WeakKeyDictionary[metrics.MeterProvider, SandboxFleetMetrics] = (
-    weakref.WeakKeyDictionary()
-)
-_BY_PROVIDER_LOCK = threading.Lock()
+_BY_PROVIDER: PerProvider[SandboxFleetMetrics] = PerProvider()
 
 
 def _usage(sample: Mapping[str, Any], quantity: str) -> Any:

@@ -28,7 +28,6 @@ anew in a forked child (``os.register_at_fork``), so a fork while one was held c
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -48,7 +47,16 @@ from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
     pool_state,
 )
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_observations import (
+    add_into,
+    destination_attributes,
+    limit_observations,
+    open_connection_observations,
+    semconv_wait_attributes,
+    waiting_observations,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +109,6 @@ class ConnectorCounts:
         self.destinations: weakref.WeakKeyDictionary[object, Destination] = (
             weakref.WeakKeyDictionary()
         )
-
-
-def _add_into(total: dict[Any, int], counts: dict[Any, int]) -> None:
-    for key, value in counts.items():
-        total[key] = total.get(key, 0) + value
 
 
 class PoolTelemetry:
@@ -219,22 +222,15 @@ class PoolTelemetry:
         Later calls return the same object whatever settings they pass: instruments exist once
         per provider. Raises whatever the provider raises when it cannot create instruments.
         """
-        with _BY_PROVIDER_LOCK:
-            try:
-                existing = _BY_PROVIDER.get(meter_provider)
-            except TypeError:
-                existing = None  # a provider that cannot be weakly referenced is not cached
-            if existing is not None:
-                return existing
-            created = cls(
+        return _BY_PROVIDER.get(
+            meter_provider,
+            lambda: cls(
                 meter_provider,
                 version=version,
                 max_server_names=max_server_names,
                 semconv_mode=semconv_mode,
-            )
-            with contextlib.suppress(TypeError):
-                _BY_PROVIDER[meter_provider] = created
-            return created
+            ),
+        )
 
     # --- connectors ---------------------------------------------------------------------------
 
@@ -329,38 +325,13 @@ class PoolTelemetry:
             semconv_key = (where, constraint, error_type, label)
             semconv = self._semconv_attributes.get(semconv_key)
             if semconv is None:
-                semconv = self._semconv_wait_attributes(where, constraint, error_type, label)
+                semconv = semconv_wait_attributes(where, constraint, error_type, label)
                 # server.address is not bounded like the labels are: a client that talks to
                 # ever-new hosts must not grow this cache without end.
                 if len(self._semconv_attributes) >= _MAX_CACHED_ATTRIBUTE_SETS:
                     self._semconv_attributes.clear()
                 self._semconv_attributes[semconv_key] = semconv
             self._time_in_queue.record(seconds, semconv, ctx)
-
-    @staticmethod
-    def _semconv_wait_attributes(
-        where: Destination | None,
-        constraint: str,
-        error_type: type[BaseException] | None,
-        label: str,
-    ) -> dict[str, str | int]:
-        attributes: dict[str, str | int] = {
-            names.ATTR_QUEUE_CONSTRAINT: constraint,
-            names.ATTR_SERVER_NAME: label,
-        }
-        if where is not None:
-            attributes[names.ATTR_SERVER_ADDRESS] = where[0]
-            attributes[names.ATTR_SERVER_PORT] = where[1]
-            attributes[names.ATTR_URL_SCHEME] = where[2]
-        if error_type is not None:
-            # The conventions ask for the fully qualified class name, builtins left bare.
-            module = error_type.__module__
-            attributes[names.ATTR_ERROR_TYPE] = (
-                error_type.__qualname__
-                if module == "builtins"
-                else f"{module}.{error_type.__qualname__}"
-            )
-        return attributes
 
     # --- collection (any thread) ------------------------------------------------------------
 
@@ -375,8 +346,8 @@ class PoolTelemetry:
                 counts = self._retired.popleft()
             except IndexError:
                 return
-            _add_into(self._folded_connects, counts.connects)
-            _add_into(self._folded_created, counts.created)
+            add_into(self._folded_connects, counts.connects)
+            add_into(self._folded_created, counts.created)
 
     def connect_counts(self) -> dict[str, int]:
         """Connects per destination label so far, live and collected connectors together."""
@@ -386,7 +357,7 @@ class PoolTelemetry:
         for connector in self._live():
             counts = getattr(connector, "_nemo_gym_counts", None)
             if counts is not None:
-                _add_into(total, counts.connects.copy())
+                add_into(total, counts.connects.copy())
         return total
 
     def created_counts(self) -> dict[Destination, int]:
@@ -397,7 +368,7 @@ class PoolTelemetry:
         for connector in self._live():
             counts = getattr(connector, "_nemo_gym_counts", None)
             if counts is not None:
-                _add_into(total, counts.created.copy())
+                add_into(total, counts.created.copy())
         return total
 
     def pool_states(self) -> Iterator[PoolState]:
@@ -430,51 +401,24 @@ class PoolTelemetry:
         return self._observe(
             "observing connections created",
             lambda: (
-                Observation(count, _destination_attributes(where))
+                Observation(count, destination_attributes(where))
                 for where, count in self.created_counts().items()
             ),
         )
 
     def _observe_open_connections(self, _options: CallbackOptions) -> Iterable[Observation]:
-        def observe() -> Iterator[Observation]:
-            active: dict[Destination, int] = {}
-            idle: dict[Destination, int] = {}
-            for state in self.pool_states():
-                _add_into(active, state.active)
-                _add_into(idle, state.idle)
-            # Every destination seen gets both states, so a pool that went quiet reports
-            # active 0 rather than a series that just stops.
-            for where in sorted(active.keys() | idle.keys()):
-                for state_name, counts in ((names.STATE_ACTIVE, active), (names.STATE_IDLE, idle)):
-                    attributes: dict[str, str | int] = _destination_attributes(where)
-                    attributes[names.ATTR_CONNECTION_STATE] = state_name
-                    yield Observation(counts.get(where, 0), attributes)
-
-        return self._observe("observing open connections", observe)
+        return self._observe(
+            "observing open connections",
+            lambda: open_connection_observations(self.pool_states()),
+        )
 
     def _observe_waiting(self, _options: CallbackOptions) -> Iterable[Observation]:
-        def observe() -> Iterator[Observation]:
-            waiting: dict[Destination, int] = {}
-            for state in self.pool_states():
-                _add_into(waiting, state.waiting)
-            for where, count in sorted(waiting.items()):
-                yield Observation(count, _destination_attributes(where))
-
-        return self._observe("observing waiting requests", observe)
+        return self._observe(
+            "observing waiting requests", lambda: waiting_observations(self.pool_states())
+        )
 
     def _observe_limits(self, _options: CallbackOptions) -> Iterable[Observation]:
-        def observe() -> Iterator[Observation]:
-            total = per_host = 0
-            connectors = self._live()
-            for connector in connectors:
-                # aiohttp's public properties; 0 means unlimited and adds nothing.
-                total += max(int(connector.limit), 0)
-                per_host += max(int(connector.limit_per_host), 0)
-            if connectors:
-                yield Observation(total, {names.ATTR_LIMIT_KIND: names.LIMIT_TOTAL})
-                yield Observation(per_host, {names.ATTR_LIMIT_KIND: names.LIMIT_PER_HOST})
-
-        return self._observe("observing limits", observe)
+        return self._observe("observing limits", lambda: limit_observations(self._live()))
 
     def _reinit_locks_after_fork(self) -> None:
         self._labels_lock = threading.Lock()
@@ -484,24 +428,12 @@ class PoolTelemetry:
         self._failures = OnceLog(logger)
 
 
-def _destination_attributes(where: Destination) -> dict[str, str | int]:
-    return {
-        names.ATTR_SERVER_ADDRESS: where[0],
-        names.ATTR_SERVER_PORT: where[1],
-        names.ATTR_URL_SCHEME: where[2],
-    }
-
-
-# One PoolTelemetry per meter provider, for as long as the provider lives.
-_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, PoolTelemetry] = weakref.WeakKeyDictionary()
-_BY_PROVIDER_LOCK = threading.Lock()
+_BY_PROVIDER: PerProvider[PoolTelemetry] = PerProvider()
 # Every PoolTelemetry alive, so a forked child can replace locks a parent thread held.
 _LIVE: weakref.WeakSet[PoolTelemetry] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    global _BY_PROVIDER_LOCK
-    _BY_PROVIDER_LOCK = threading.Lock()
     for telemetry in list(_LIVE):
         telemetry._reinit_locks_after_fork()
 
