@@ -18,7 +18,7 @@ import random
 import statistics
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,13 +308,13 @@ def require_at_least(
 
 def run_and_report(
     args: argparse.Namespace,
-    benchmark: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    benchmark: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
     print_result: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run ``benchmark(args)``; print the machine and a table, or with ``--json`` one object."""
     if not args.json:
         print_machine()
-    result = asyncio.run(benchmark(args))
+    result: dict[str, Any] = asyncio.run(benchmark(args))
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

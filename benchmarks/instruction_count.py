@@ -79,19 +79,19 @@ class Measurement:
 
 
 def _measurements() -> dict[str, Measurement]:
-    saturated = {"concurrency": 256, "limit": 4}
-    unqueued = {"concurrency": 1, "limit": 1}
+    saturated = (256, 4)  # concurrency (requests per wave), pool limit
+    unqueued = (1, 1)
     table = {
-        "plain": Measurement("plain", "plain", **saturated),
-        "hooks": Measurement("hooks", "hooks", **saturated),
-        "record": Measurement("record", "record", **saturated),
-        "plain-unqueued": Measurement("plain-unqueued", "plain", **unqueued),
-        "ours-unqueued": Measurement("ours-unqueued", "ours", **unqueued),
-        "floor": Measurement("floor", "floor", **saturated),
+        "plain": Measurement("plain", "plain", *saturated),
+        "hooks": Measurement("hooks", "hooks", *saturated),
+        "record": Measurement("record", "record", *saturated),
+        "plain-unqueued": Measurement("plain-unqueued", "plain", *unqueued),
+        "ours-unqueued": Measurement("ours-unqueued", "ours", *unqueued),
+        "floor": Measurement("floor", "floor", *saturated),
     }
     for naming, value in NAMING_MODES.items():
         name = "ours" if naming == "default" else f"ours-{naming}"
-        table[name] = Measurement(name, "ours", semconv=value, **saturated)
+        table[name] = Measurement(name, "ours", *saturated, semconv=value)
     return table
 
 

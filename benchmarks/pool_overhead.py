@@ -393,7 +393,9 @@ def _print_table(result: dict[str, object]) -> None:
             f"| {entry['queued_fraction']:.1%} | {added_text} "
             f"| {'–' if vs_floor is None else f'{vs_floor:.2f}×'} |"
         )
-    f1, f3 = result["floor_us_per_record_iqr"]  # type: ignore[misc]
+    floor_iqr = result["floor_us_per_record_iqr"]
+    assert isinstance(floor_iqr, list)
+    f1, f3 = floor_iqr
     print(
         f"\nOne SDK `Histogram.record` shaped like ours, back to back (batched) and collected: "
         f"{floor:.2f} µs CPU, median [IQR {f1:.2f}, {f3:.2f}] over rounds. For record, the added "
