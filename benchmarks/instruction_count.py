@@ -202,6 +202,9 @@ def _summarise(raw: dict[str, dict[str, Any]]) -> dict[str, Any]:
         rows[name] = _per_unit(result, "records" if name == "floor" else "requests")
     floor = rows.get("floor", {}).get("instructions")
     for name, row in rows.items():
+        if not name.startswith("ours"):
+            # Only our histogram counts queue waits (record's bare histogram shares its name).
+            row.pop("queued_fraction", None)
         reference = rows.get("plain-unqueued" if name.endswith("-unqueued") else "plain")
         if name == "floor" or reference is None or name.startswith("plain"):
             continue
