@@ -390,11 +390,13 @@ def _print_table(result: dict[str, object]) -> None:
             else "–"
         )
         vs_floor = entry.get("added_per_queued_vs_floor")
+        # Only our histogram counts queue waits; the other modes queue just as often.
+        queued = f"{entry['queued_fraction']:.1%}" if mode in OURS else "–"
         print(
             f"| {LABELS[mode]} | {entry['cpu_us_per_request']:.1f} [{q1:.1f}, {q3:.1f}] "
             f"| {_ratio(entry.get('cpu_ratio_to_plain'))} "
             f"| {_ratio(entry.get('throughput_ratio_to_plain'))} "
-            f"| {entry['queued_fraction']:.1%} | {added_text} "
+            f"| {queued} | {added_text} "
             f"| {'–' if vs_floor is None else f'{vs_floor:.2f}×'} |"
         )
     floor_iqr = result["floor_us_per_record_iqr"]
