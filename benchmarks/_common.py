@@ -10,25 +10,31 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    HistogramDataPoint,
     MetricExporter,
     MetricExportResult,
     MetricsData,
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments
 
 _SERVER_SCRIPT = Path(__file__).with_name("_server.py")
 
@@ -118,8 +124,132 @@ class DiscardingSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+class PassThroughConnector(aiohttp.TCPConnector):
+    """The two methods our connector overrides, overridden to do nothing but delegate.
+
+    What the override mechanism alone costs on the request path: two extra coroutine frames
+    per request, with no telemetry in them (benchmark mode ``hooks``).
+    """
+
+    async def connect(self, req: Any, *args: Any, **kwargs: Any) -> Any:
+        return await super().connect(req, *args, **kwargs)
+
+    async def _wait_for_available_connection(self, key: Any, traces: Any) -> None:
+        await super()._wait_for_available_connection(key, traces)
+
+
+def bare_recorder(provider: MeterProvider) -> Callable[[], None]:
+    """A function making one bare SDK record shaped like ours (name, unit, buckets, attributes)."""
+    histogram = provider.get_meter("benchmark.floor").create_histogram(
+        _instruments.QUEUE_DURATION,
+        unit=_instruments.QUEUE_DURATION_UNIT,
+        explicit_bucket_boundaries_advisory=_instruments.QUEUE_DURATION_BUCKETS,
+    )
+    attributes = {
+        _instruments.ATTR_QUEUE_CONSTRAINT: "total",
+        _instruments.ATTR_QUEUE_OUTCOME: _instruments.OUTCOME_OK,
+        _instruments.ATTR_SERVER_NAME: "external",
+    }
+    # Spread over the buckets, as queue waits are.
+    values = itertools.cycle([0.003 * (1.37**i) for i in range(40)])
+    record = histogram.record
+
+    def record_once() -> None:
+        record(next(values), attributes)
+
+    return record_once
+
+
+# The queue-wait histogram under page 004's name and under the semantic-convention name that
+# OTEL_SEMCONV_STABILITY_OPT_IN=http selects (http/dup emits both: the first present counts).
+QUEUE_HISTOGRAM_NAMES = (_instruments.QUEUE_DURATION, "http.client.request.time_in_queue")
+
+# Our naming modes: the value of OTEL_SEMCONV_STABILITY_OPT_IN each one runs with (None: unset).
+NAMING_MODES: dict[str, str | None] = {"default": None, "http": "http", "http-dup": "http/dup"}
+
+
+def queued_waits(data: MetricsData | None) -> int:
+    """Cumulative number of queue-wait samples in ``data`` (one histogram name counted)."""
+    counts: dict[str, int] = {}
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name not in QUEUE_HISTOGRAM_NAMES:
+                    continue
+                for point in metric.data.data_points:
+                    if isinstance(point, HistogramDataPoint):
+                        counts[metric.name] = counts.get(metric.name, 0) + point.count
+    return next((counts[name] for name in QUEUE_HISTOGRAM_NAMES if name in counts), 0)
+
+
+@contextlib.contextmanager
+def semconv_opt_in(value: str | None) -> Iterator[None]:
+    """Set (or unset, for ``None``) OTEL_SEMCONV_STABILITY_OPT_IN for the block, then restore.
+
+    The instrumentation reads the variable when it is installed or builds a connector, so a
+    mode installs inside this block. Contrib's reader of the variable caches its answer once
+    per process; its cache is cleared on the way in and out so each mode gets its own value.
+    """
+    name = "OTEL_SEMCONV_STABILITY_OPT_IN"
+    previous = os.environ.get(name)
+    _forget_contrib_semconv_choice()
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+        _forget_contrib_semconv_choice()
+
+
+def _forget_contrib_semconv_choice() -> None:
+    try:
+        from opentelemetry.instrumentation._semconv import (
+            _OpenTelemetrySemanticConventionStability as stability,
+        )
+    except ImportError:
+        return
+    with stability._lock:
+        stability._initialized = False
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``values`` (the interquartile range's ends)."""
+    if len(values) < 2:
+        only = values[0] if values else float("nan")
+        return only, only
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return first, third
+
+
+def pooled_ratio(
+    numerators: Sequence[float], denominators: Sequence[float], resamples: int = 4000
+) -> tuple[float, float, float]:
+    """``sum(numerators) / sum(denominators)`` with a 95 % bootstrap interval over rounds.
+
+    The two sequences are paired by round (the same minute of the same machine), so rounds
+    are resampled as pairs. The generator is seeded: the same figures give the same interval.
+    """
+    pairs = list(zip(numerators, denominators, strict=True))
+    ratio = sum(numerators) / sum(denominators)
+    if len(pairs) < 2:
+        return ratio, ratio, ratio
+    generator = random.Random(0)
+    estimates = []
+    for _ in range(resamples):
+        sample = generator.choices(pairs, k=len(pairs))
+        estimates.append(sum(n for n, _ in sample) / sum(d for _, d in sample))
+    estimates.sort()
+    return ratio, estimates[int(0.025 * resamples)], estimates[int(0.975 * resamples) - 1]
 
 
 def rss_bytes() -> int:
@@ -178,13 +308,13 @@ def require_at_least(
 
 def run_and_report(
     args: argparse.Namespace,
-    benchmark: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    benchmark: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
     print_result: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run ``benchmark(args)``; print the machine and a table, or with ``--json`` one object."""
     if not args.json:
         print_machine()
-    result = asyncio.run(benchmark(args))
+    result: dict[str, Any] = asyncio.run(benchmark(args))
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
