@@ -285,7 +285,7 @@ async def test_queue_timed_connector_connect_forwards_all_arguments(
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
-    """connect() counts first, then forwards every positional and keyword argument as given."""
+    """connect() counts first, then passes the caller's arguments, as given, to the next class."""
     assert _ProbeConnector.__mro__[1:3] == (QueueTimedTCPConnector, _RecordingConnector)
     server = await gated_server("127.0.0.1")
     connector = _ProbeConnector()
@@ -293,24 +293,49 @@ async def test_queue_timed_connector_connect_forwards_all_arguments(
     connector.telemetry = pool_telemetry
     async with aiohttp.ClientSession(connector=connector) as session:
         assert await fetch(session, server.url) == "ok"
-        req, _args, session_kwargs, counts = connector.calls[0]
+        req, args, kwargs, counts = connector.calls[0]
         assert counts == {"external": 1}
-        assert {"traces", "timeout"} <= set(session_kwargs)
+        assert len(args) == 2
+        assert kwargs == {}
 
         traces: list[Any] = []
         timeout = aiohttp.ClientTimeout(total=5)
-        marker = object()
-        conn = await connector.connect(req, traces, timeout, marker, future_keyword=marker)
-        try:
-            _, args, kwargs, counts = connector.calls[1]
-            assert args == (traces, timeout, marker)
-            assert args[0] is traces
-            assert args[1] is timeout
-            assert kwargs == {"future_keyword": marker}
-            assert counts == {"external": 2}
-        finally:
-            conn.release()
-    assert connect_counts(metric_reader) == {"external": 2}
+        for call in (
+            lambda: connector.connect(req, traces, timeout),
+            lambda: connector.connect(req, traces=traces, timeout=timeout),
+        ):
+            conn = await call()
+            try:
+                _, args, kwargs, _counts = connector.calls[-1]
+                assert args[0] is traces
+                assert args[1] is timeout
+                assert kwargs == {}
+            finally:
+                conn.release()
+        assert [counts for *_, counts in connector.calls] == [
+            {"external": 1},
+            {"external": 2},
+            {"external": 3},
+        ]
+    assert connect_counts(metric_reader) == {"external": 3}
+
+
+async def test_queue_timed_connector_connect_refuses_what_aiohttp_refuses(
+    pool_telemetry: PoolTelemetry,
+) -> None:
+    """An argument aiohttp's connect() does not take is a TypeError at the call, as for aiohttp,
+    and is not counted."""
+    plain = aiohttp.TCPConnector()
+    timed = QueueTimedTCPConnector()
+    timed._nemo_gym_attach(pool_telemetry)
+    try:
+        for connector in (plain, timed):
+            with pytest.raises(TypeError, match="unexpected keyword argument 'future_keyword'"):
+                connector.connect(None, [], None, future_keyword=1)  # type: ignore[call-arg,arg-type]
+        assert pool_telemetry.connect_counts() == {}
+    finally:
+        await plain.close()
+        await timed.close()
 
 
 # --- labels ----------------------------------------------------------------------------------

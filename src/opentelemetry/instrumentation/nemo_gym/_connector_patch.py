@@ -108,11 +108,9 @@ class TCPConnectorPatch:
         try:
             telemetry = None if suppressed(get_current()) else self._choose()
             if telemetry is not None:
-                counts = telemetry.attach(connector)
+                # Bound first, switched after: a failure leaves a plain, working connector.
+                QueueTimedTCPConnector._nemo_gym_attach(connector, telemetry)  # type: ignore[arg-type]
                 connector.__class__ = QueueTimedTCPConnector
-                timed: Any = connector
-                timed._nemo_gym_pool = telemetry
-                timed._nemo_gym_counts = counts
         except Exception as error:  # noqa: BLE001 - construction never fails because of us
             self._failures(
                 "choose",

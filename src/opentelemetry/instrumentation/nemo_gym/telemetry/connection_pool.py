@@ -19,6 +19,7 @@ import inspect
 import logging
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any, Final
@@ -54,6 +55,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
     ConnectorCounts,
     PoolTelemetry,
+    WaitSample,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
@@ -184,6 +186,10 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
 
     _nemo_gym_pool: PoolTelemetry | None
     _nemo_gym_counts: ConnectorCounts
+    # Shortcuts into the two, read on every request: one attribute lookup, not two.
+    _nemo_gym_connects: dict[str, int]
+    _nemo_gym_pending: deque[WaitSample]
+    _nemo_gym_batch_size: int
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -198,24 +204,34 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         """Bind this connector to ``telemetry`` (``None``: count nothing anywhere).
 
         Binding again moves the connector: the telemetry it was bound to keeps what it counted
-        so far and stops reading it, so no meter provider reports a connector twice.
+        so far and stops reading it, so no meter provider reports a connector twice. Also how
+        the instrumentor turns a just-built ``TCPConnector`` into one of these.
         """
         previous = getattr(self, "_nemo_gym_pool", None)
         if previous is not None:
             if previous is telemetry:
                 return
             previous.detach(self)
+        counts = telemetry.attach(self) if telemetry is not None else ConnectorCounts()
         self._nemo_gym_pool = telemetry
-        self._nemo_gym_counts = (
-            telemetry.attach(self) if telemetry is not None else ConnectorCounts()
-        )
+        self._nemo_gym_counts = counts
+        self._nemo_gym_connects = counts.connects
+        if telemetry is not None:
+            self._nemo_gym_pending = telemetry.pending
+            self._nemo_gym_batch_size = telemetry.batch_size
+        else:  # waits go to a deque that keeps nothing
+            self._nemo_gym_pending = deque(maxlen=0)
+            self._nemo_gym_batch_size = 1
 
-    # Not ``async def``: counting needs no await, and a coroutine frame of our own around
-    # aiohttp's would cost more than everything else a connect adds. The coroutine returned
-    # is aiohttp's (or the next class's in the MRO), so ``await connector.connect(...)``
-    # behaves exactly as before, exceptions and cancellation included.
+    # Not ``async def``, and aiohttp's own parameters rather than ``*args, **kwargs``: this
+    # runs for every request, and a coroutine frame of our own, or packing and re-spreading
+    # the arguments, would each cost more than everything else a connect adds
+    # (benchmarks/instruction_count.py). The coroutine returned is the next ``connect`` in the
+    # MRO (aiohttp's), called with the caller's arguments, so ``await connector.connect(...)``
+    # behaves exactly as before, exceptions and cancellation included;
+    # ``test_connect_matches_aiohttp_signature`` fails if aiohttp changes the parameters.
     def connect(
-        self, req: ClientRequest, *args: Any, **kwargs: Any
+        self, req: ClientRequest, traces: list[Trace], timeout: _ClientTimeout
     ) -> Coroutine[Any, Any, Connection]:
         """Count the destination, then get a connection exactly as aiohttp would.
 
@@ -224,25 +240,27 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         """
         try:
             label = _SERVER_NAME.get()
-            connects = self._nemo_gym_counts.connects
+            connects = self._nemo_gym_connects
             if label in connects:
                 connects[label] += 1
             else:
                 self._nemo_gym_count_first(label)
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
             _log_setup_failure_once(error)
-        return super().connect(req, *args, **kwargs)
+        return super().connect(req, traces, timeout)
 
     def _nemo_gym_count_first(self, label: str) -> None:
         # A label this connector has not counted yet: admit it under the provider's cap.
         telemetry = self._nemo_gym_pool
         bounded = telemetry.admit(label) if telemetry is not None else label
-        connects = self._nemo_gym_counts.connects
+        connects = self._nemo_gym_connects
         connects[bounded] = connects.get(bounded, 0) + 1
 
     async def _wait_for_available_connection(self, key: ConnectionKey, traces: list[Trace]) -> None:
         # Classified before waiting: by the time the wait ends the slot that freed up has
-        # changed the counts, and the question is what made us wait.
+        # changed the counts, and the question is what made us wait. The sample is one tuple
+        # appended to the telemetry's buffer; labels, attributes and the SDK record come later,
+        # in batches (PoolTelemetry.flush).
         constraint = _queue_constraint(self)
         started = perf_counter()
         try:
@@ -250,29 +268,33 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         except BaseException as error:
             # Timeout and cancellation land here: buffer the sample, then re-raise the very
             # same exception so the caller sees what a plain TCPConnector would raise.
-            self._nemo_gym_buffer(perf_counter() - started, constraint, type(error), key)
+            seconds = perf_counter() - started
+            sample = (seconds, constraint, type(error), _SERVER_NAME.get(), key, get_current())
+            self._nemo_gym_buffer(sample)
             raise
-        self._nemo_gym_buffer(perf_counter() - started, constraint, None, key)
-
-    def _nemo_gym_buffer(
-        self,
-        seconds: float,
-        constraint: str,
-        error_type: type[BaseException] | None,
-        key: ConnectionKey,
-    ) -> None:
-        telemetry = self._nemo_gym_pool
-        if telemetry is None:
-            return
+        seconds = perf_counter() - started
+        # Written out rather than through _nemo_gym_buffer: one call less on every queued wait.
         try:
-            pending = telemetry.pending
-            pending.append(
-                (seconds, constraint, error_type, _SERVER_NAME.get(), key, get_current())
-            )
-            if len(pending) >= telemetry.batch_size:
-                telemetry.flush()
+            pending = self._nemo_gym_pending
+            pending.append((seconds, constraint, None, _SERVER_NAME.get(), key, get_current()))
+            if len(pending) >= self._nemo_gym_batch_size:
+                self._nemo_gym_flush()
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
             _log_setup_failure_once(error)
+
+    def _nemo_gym_buffer(self, sample: WaitSample) -> None:
+        try:
+            pending = self._nemo_gym_pending
+            pending.append(sample)
+            if len(pending) >= self._nemo_gym_batch_size:
+                self._nemo_gym_flush()
+        except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
+            _log_setup_failure_once(error)
+
+    def _nemo_gym_flush(self) -> None:
+        telemetry = self._nemo_gym_pool
+        if telemetry is not None:
+            telemetry.flush()  # never raises
 
     async def _create_connection(
         self,
