@@ -5,11 +5,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.test.globals_test import reset_metrics_globals
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings, _status
+from opentelemetry.instrumentation.nemo_gym import (
+    _PLAIN_CONNECTOR_NOTICE,
+    NemoGymInstrumentor,
+    _settings,
+    _status,
+)
 
 STATUS_LOGGER = "opentelemetry.instrumentation.nemo_gym"
 
@@ -185,3 +192,45 @@ def test_status_line_boolean_string_argument() -> None:
         "nemo_gym instrumentation: connection_pool=off (connection_pool='off' was passed to "
         "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument())"
     )
+
+
+def _plain_notices(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if "built without pool telemetry" in r.getMessage() and r.levelno == logging.WARNING
+    ]
+
+
+async def test_plain_connector_notice_once_when_nothing_exports(
+    instrumentor: NemoGymInstrumentor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no SDK provider, the first plain TCPConnector warns once, naming what is missing."""
+    reset_metrics_globals()
+    _PLAIN_CONNECTOR_NOTICE.reset()
+    caplog.set_level(logging.INFO)
+    instrumentor.instrument(sandbox_resources=False)
+    for _ in range(3):
+        connector = aiohttp.TCPConnector()
+        assert type(connector) is aiohttp.TCPConnector
+        await connector.close()
+    (notice,) = _plain_notices(caplog)
+    assert "no SDK MeterProvider" in notice.getMessage()
+    assert "opentelemetry-distro" in notice.getMessage()
+
+
+async def test_plain_connector_no_notice_when_metrics_are_off_on_purpose(
+    instrumentor: NemoGymInstrumentor,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_METRICS_EXPORTER=none is a choice: plain connectors, and no warning about it."""
+    reset_metrics_globals()
+    _PLAIN_CONNECTOR_NOTICE.reset()
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    caplog.set_level(logging.INFO)
+    instrumentor.instrument(sandbox_resources=False)
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is aiohttp.TCPConnector
+    await connector.close()
+    assert _plain_notices(caplog) == []

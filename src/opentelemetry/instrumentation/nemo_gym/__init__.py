@@ -47,7 +47,11 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     TCPConnectorPatch,
     capacity_reporter,
 )
-from opentelemetry.instrumentation.nemo_gym._exporting import metrics_exported
+from opentelemetry.instrumentation.nemo_gym._exporting import (
+    metrics_deliberately_off,
+    metrics_export_status,
+)
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
@@ -85,6 +89,7 @@ from opentelemetry.instrumentation.nemo_gym.version import __version__
 __all__ = ["NemoGymInstrumentor", "__version__"]
 
 logger = logging.getLogger(__name__)
+_PLAIN_CONNECTOR_NOTICE = OnceLog(logger)
 
 
 def _capability_flag(
@@ -201,6 +206,21 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 semconv_mode=semconv_mode,
             )
 
+        def exporting_telemetry(provider: metrics.MeterProvider) -> PoolTelemetry | None:
+            exporting, reason = metrics_export_status(provider)
+            if exporting:
+                return telemetry_of(provider)
+            if not metrics_deliberately_off():
+                # The first five minutes: installed, instrumented, and a pool that is not
+                # timed must not go unnoticed. Said once, when it first matters.
+                _PLAIN_CONNECTOR_NOTICE(
+                    "plain",
+                    logging.WARNING,
+                    "nemo_gym: aiohttp.TCPConnector built without pool telemetry: %s",
+                    reason,
+                )
+            return None
+
         if meter_provider is not None:
             # Made here, once per instrument(), never per connector or session.
             explicit = telemetry_of(meter_provider)
@@ -209,7 +229,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 return explicit
 
             def choose() -> PoolTelemetry | None:
-                return explicit if metrics_exported(meter_provider) else None
+                return exporting_telemetry(meter_provider)
 
         else:
             # The global provider may be set after instrument(), so it is resolved per
@@ -218,8 +238,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 return telemetry_of(metrics.get_meter_provider())
 
             def choose() -> PoolTelemetry | None:
-                provider = metrics.get_meter_provider()
-                return telemetry_of(provider) if metrics_exported(provider) else None
+                return exporting_telemetry(metrics.get_meter_provider())
 
         patch = TCPConnectorPatch(
             choose,

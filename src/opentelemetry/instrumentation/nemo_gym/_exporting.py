@@ -35,6 +35,12 @@ _INSTALL_HINT = (
 )
 
 
+def metrics_deliberately_off() -> bool:
+    """Whether the environment says, on purpose, that no metrics are exported
+    (``OTEL_SDK_DISABLED=true`` or ``OTEL_METRICS_EXPORTER=none``)."""
+    return sdk_disabled() or _exporter_none(OTEL_METRICS_EXPORTER)
+
+
 def _exporter_none(variable: str) -> bool:
     return os.environ.get(variable, "").strip().lower() == "none"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 
 logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
 
@@ -55,9 +56,6 @@ def _sandbox_status(kwargs: Mapping[str, Any]) -> str:
     off = _switched_off(kwargs, "sandbox_resources", env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES)
     if off is not None:
         return f"sandbox_resources=off ({off})"
-    # Imported here: the sandbox package imports this package's modules at import time.
-    from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
-
     exporting, reason = _exporting.traces_export_status(
         kwargs.get("tracer_provider"), ignore=(SandboxSpanProcessor,)
     )
