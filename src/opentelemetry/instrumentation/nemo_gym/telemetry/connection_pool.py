@@ -72,9 +72,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_TCPConnector = aiohttp.TCPConnector
+
 _SERVER_NAME: contextvars.ContextVar[str] = contextvars.ContextVar(
     "nemo_gym_http_server_name", default="external"
 )
+# Bound once: read on every connect.
+_current_server_name = _SERVER_NAME.get
 
 # Distinct configurations report_connection_pool_capacity() remembers (and so logs) per
 # process: a service that builds connectors with ever-new limits must not log forever.
@@ -239,15 +243,17 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         Returns the awaitable of the next ``connect`` in the MRO.
         """
         try:
-            label = _SERVER_NAME.get()
-            connects = self._nemo_gym_connects
-            if label in connects:
-                connects[label] += 1
-            else:
-                self._nemo_gym_count_first(label)
+            try:
+                self._nemo_gym_connects[_current_server_name()] += 1
+            except KeyError:
+                self._nemo_gym_count_first(_current_server_name())
         except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
             _log_setup_failure_once(error)
-        return super().connect(req, traces, timeout)
+        if type(self) is QueueTimedTCPConnector:
+            # What super() resolves to for this exact class, looked up at each call as super()
+            # does (so a patch of TCPConnector.connect applies), for less than super() costs.
+            return _TCPConnector.connect(self, req, traces, timeout)
+        return super().connect(req, traces, timeout)  # cooperative subclasses: the MRO
 
     def _nemo_gym_count_first(self, label: str) -> None:
         # A label this connector has not counted yet: admit it under the provider's cap.
