@@ -299,6 +299,26 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 EXPRESSIONS = all_expressions()
+# Where to append each expression's result as one JSON line, for reading after a run.
+REPORT_PATH = os.environ.get("NEMO_GYM_PROMQL_REPORT")
+
+
+def _report_result(mode: str, expression: Expression, found: Any) -> None:
+    if not REPORT_PATH:
+        return
+    if expression.label is not None:
+        summary: list[Any] = list(found)[:6]
+    else:
+        summary = [
+            {
+                "labels": {k: v for k, v in item["metric"].items() if k != "__name__"},
+                "value": item["value"][1],
+            }
+            for item in found[:3]
+        ]
+    line = {"mode": mode, "source": expression.source, "series": len(found), "first": summary}
+    with open(REPORT_PATH, "a", encoding="utf-8") as report:
+        report.write(json.dumps(line) + "\n")
 
 
 @pytest.mark.parametrize("expression", EXPRESSIONS, ids=[e.source for e in EXPRESSIONS])
@@ -309,6 +329,7 @@ def test_prometheus_expression_returns_data(run: Run, expression: Expression) ->
         found = run.api(f"label/{expression.label}/values", **{"match[]": expression.promql})
     else:
         found = run.query(expression.promql)
+    _report_result(run.mode, expression, found)
     if run.mode in expression.modes:
         assert found, f"returned no data in mode {run.mode}: {expression.promql}"
     else:
