@@ -4,8 +4,11 @@ Starts two real aiohttp servers on loopback (127.0.0.1 and 127.0.0.2) whose hand
 few milliseconds, then sends ``--requests`` requests in two phases through one small pool,
 labelled with two destination names, and prints what the instrumentation saw per destination:
 connects, queued waits, which limit made them wait, wait percentiles, and waits abandoned by a
-connect timeout. Then the pool's capacity report against the phases' peak concurrency, and
-what to do about it: which limit to raise to what, and the command that checks the new sizing.
+connect timeout. Next to it, the pool's state at saturation: one collection in phase 2, taken
+once every slot is in use and the rest of the burst is queued (the servers hold phase 2's
+requests until then), and the TCP connections created against the pool acquisitions. Then the
+pool's capacity report against the phases' peak concurrency, and what to do about it: which
+limit to raise to what, and the command that checks the new sizing.
 
 Run it as is (an embedded OpenTelemetry SDK with an in-memory reader is used), or under
 ``opentelemetry-instrument`` with no code change: the metrics then also go wherever that
@@ -20,12 +23,13 @@ import logging
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, MetricsData
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
@@ -40,10 +44,21 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 CONNECT_METRIC = "gym.http.connection_pool.connect_total"
 ATTR = "nemo.gym.http."
+# The pool-state instruments, read from the live connectors whenever a reader collects.
+METER_NAME = "opentelemetry.instrumentation.nemo_gym"
+OPEN_METRIC = "http.client.open_connections"
+WAITING_METRIC = "gym.http.connection_pool.waiting_requests"
+LIMIT_METRIC = "gym.http.connection_pool.limit"
+CREATED_METRIC = "gym.http.connection_pool.connections_created"
+# A bound on waiting for the pool to settle; on an idle machine it takes milliseconds.
+SETTLE_BOUND_S = 30.0
+
+Address = tuple[str, int]  # server.address, server.port
 
 
-async def start_server(host: str, delay_s: float) -> tuple[web.AppRunner, str]:
+async def start_server(host: str, delay_s: float, gate: asyncio.Event) -> tuple[web.AppRunner, str]:
     async def handle(_: web.Request) -> web.Response:
+        await gate.wait()  # closed only while phase 2's pool-state snapshot is being taken
         await asyncio.sleep(delay_s)
         return web.Response(text="ok")
 
@@ -124,10 +139,106 @@ class PoolConfig:
     global_aiohttp_intended_concurrency_per_host: int | None
 
 
-async def run_bursts(limit: int, limit_per_host: int, plan: Plan, delay_s: float) -> int:
-    """Send the two phases; return how many requests timed out (the impatient ones)."""
-    runner_a, policy_url = await start_server("127.0.0.1", delay_s)
-    runner_b, sandbox_url = await start_server("127.0.0.2", delay_s)
+@dataclass
+class PoolSnapshot:
+    """The pool-state instruments in one collection, per ``server.address``/``server.port``."""
+
+    active: dict[Address, int] = field(default_factory=dict)
+    idle: dict[Address, int] = field(default_factory=dict)
+    waiting: dict[Address, int] = field(default_factory=dict)
+    created: dict[Address, int] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)  # total, per_host; 0 is unlimited
+
+    def queues(self, where: Address) -> bool:
+        """Whether one more request to ``where`` would have to wait for a slot now."""
+        total = self.limits.get("total", 0)
+        per_host = self.limits.get("per_host", 0)
+        return bool(
+            (total and sum(self.active.values()) >= total)
+            or (per_host and self.active.get(where, 0) >= per_host)
+        )
+
+
+def address_of(attributes: dict[str, Any]) -> Address:
+    port = attributes.get("server.port")
+    return str(attributes.get("server.address")), port if isinstance(port, int) else 0
+
+
+def read_pool_state(data: MetricsData | None) -> PoolSnapshot:
+    """The pool-state instruments of this instrumentation in one collection."""
+    snapshot = PoolSnapshot()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            if scope_metrics.scope.name != METER_NAME:
+                continue  # other instrumentations' metrics, under opentelemetry-instrument
+            for metric in scope_metrics.metrics:
+                if metric.name not in (OPEN_METRIC, WAITING_METRIC, CREATED_METRIC, LIMIT_METRIC):
+                    continue
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes or {})
+                    value = int(point.value)  # type: ignore[union-attr]
+                    where = address_of(attributes)
+                    if metric.name == OPEN_METRIC:
+                        state = attributes.get("http.connection.state")
+                        counts = snapshot.active if state == "active" else snapshot.idle
+                        counts[where] = counts.get(where, 0) + value
+                    elif metric.name == WAITING_METRIC:
+                        snapshot.waiting[where] = value
+                    elif metric.name == CREATED_METRIC:
+                        snapshot.created[where] = value
+                    else:
+                        kind = str(attributes.get(ATTR + "connection_pool.limit.kind"))
+                        snapshot.limits[kind] = value
+    return snapshot
+
+
+async def snapshot_when_saturated(
+    reader: InMemoryMetricReader, burst: list[asyncio.Task[bool]]
+) -> tuple[PoolSnapshot, bool]:
+    """Collect until every request of ``burst`` still running holds a connection or waits.
+
+    The servers hold the requests meanwhile, so no slot frees up: once the connections being
+    opened are open, the pool stays exactly as it is, and that collection is the snapshot.
+    Polls the metrics (a collection each millisecond or so), for at most ``SETTLE_BOUND_S``;
+    returns the last collection and whether the pool had settled.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_BOUND_S
+    while True:
+        snapshot = read_pool_state(reader.get_metrics_data())
+        running = sum(1 for task in burst if not task.done())
+        held = sum(snapshot.active.values()) + sum(snapshot.waiting.values())
+        if held == running or loop.time() > deadline:
+            return snapshot, held == running
+        await asyncio.sleep(0.001)
+
+
+@dataclass
+class Bursts:
+    """What the two phases did: requests that timed out, and the pool at saturation."""
+
+    timed_out: int
+    destinations: dict[Address, str]  # each server's address and port, to its label
+    at_saturation: PoolSnapshot | None = None
+    settled: bool = False
+
+
+async def run_bursts(
+    limit: int,
+    limit_per_host: int,
+    plan: Plan,
+    delay_s: float,
+    reader: InMemoryMetricReader | None,
+) -> Bursts:
+    """Send the two phases; with a ``reader``, take the pool-state snapshot in phase 2."""
+    gate = asyncio.Event()
+    gate.set()
+    runner_a, policy_url = await start_server("127.0.0.1", delay_s, gate)
+    runner_b, sandbox_url = await start_server("127.0.0.2", delay_s, gate)
+    policy_at = ("127.0.0.1", runner_a.addresses[0][1])
+    sandbox_at = ("127.0.0.2", runner_b.addresses[0][1])
+    bursts = Bursts(0, {policy_at: "policy-model", sandbox_at: "sandbox-server"})
+    tasks: list[asyncio.Task[bool]] = []
     try:
         # A plain TCPConnector: after instrument() it is the queue-timed one while metrics
         # are exported. Nothing in the application changes.
@@ -137,19 +248,36 @@ async def run_bursts(limit: int, limit_per_host: int, plan: Plan, delay_s: float
             await asyncio.gather(
                 *(send(session, policy_url, "policy-model") for _ in range(plan.alone))
             )
-            # 2. Both destinations at once: now the total limit is exhausted first. A few
-            #    impatient requests have a 2 ms connect timeout, which covers the wait for a
-            #    pool slot: under load they give up in the queue ("abandoned").
+            # 2. Both destinations at once: now the total limit is exhausted first. The
+            #    servers hold these requests until the pool state has been collected.
+            if reader is not None:
+                gate.clear()
             both = [send(session, policy_url, "policy-model") for _ in range(plan.policy)]
             both += [send(session, sandbox_url, "sandbox-server") for _ in range(plan.sandbox)]
+            tasks += [asyncio.ensure_future(request) for request in both]
+            if reader is not None:
+                bursts.at_saturation, bursts.settled = await snapshot_when_saturated(reader, tasks)
+            # A few impatient requests have a 2 ms connect timeout, which covers the wait for
+            # a pool slot: under load they give up in the queue ("abandoned").
             impatient = aiohttp.ClientTimeout(connect=0.002)
-            both += [
-                send(session, sandbox_url, "sandbox-server", impatient)
+            late = [
+                asyncio.ensure_future(send(session, sandbox_url, "sandbox-server", impatient))
                 for _ in range(plan.impatient)
             ]
-            results = await asyncio.gather(*both)
-            return sum(1 for ok in results if not ok)
+            tasks += late
+            if bursts.at_saturation is not None and bursts.at_saturation.queues(sandbox_at):
+                # They queue behind the held requests, where no slot frees up before their
+                # timeout: every one of them gives up, on a loaded machine too.
+                await asyncio.wait(late, timeout=SETTLE_BOUND_S)
+            gate.set()
+            results = await asyncio.gather(*tasks)
+            bursts.timed_out = sum(1 for ok in results if not ok)
+            return bursts
     finally:
+        gate.set()
+        for task in tasks:
+            task.cancel()  # only when something failed: otherwise every one is done
+        await asyncio.gather(*tasks, return_exceptions=True)
         await runner_a.cleanup()
         await runner_b.cleanup()
 
@@ -177,9 +305,8 @@ class DestinationSummary:
     points: list[HistogramDataPoint] = field(default_factory=list)
 
 
-def summarize(reader: InMemoryMetricReader) -> dict[str, DestinationSummary]:
+def summarize(data: MetricsData | None) -> dict[str, DestinationSummary]:
     summaries: dict[str, DestinationSummary] = {}
-    data = reader.get_metrics_data()
     for resource_metrics in data.resource_metrics if data else ():
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
@@ -236,6 +363,60 @@ def print_summary(summaries: dict[str, DestinationSummary], sent: dict[str, int]
         "by the limit\nthat was exhausted when the wait began (on total, on per_host); p50/p95/"
         "max: how long the\nqueued requests that got a slot waited; abandoned: waits ended by "
         "the connect timeout."
+    )
+
+
+def print_pool_state(
+    bursts: Bursts, after: PoolSnapshot, summaries: dict[str, DestinationSummary]
+) -> None:
+    """The snapshot at saturation next to what the whole run created and acquired."""
+    during = bursts.at_saturation
+    if during is None:
+        return
+    limits = ", ".join(
+        f"{kind} {during.limits[kind] or 'unlimited'}"
+        for kind in ("total", "per_host")
+        if kind in during.limits
+    )
+    queued = sum(during.waiting.values())
+    if not bursts.settled:
+        moment = "in phase 2"
+        heading = f"in phase 2, the last collection: it had not settled in {SETTLE_BOUND_S:g} s"
+    elif queued:
+        moment = "at saturation"
+        heading = (
+            "at saturation, collected in phase 2 once every request had a connection or\n"
+            "was queued for one (the servers held them meanwhile)"
+        )
+    else:
+        moment = "at the peak"
+        heading = (
+            "at phase 2's peak, collected once every request had a connection (the\n"
+            "servers held them meanwhile); nothing was queued"
+        )
+    print(f"\nPool state {heading}; limits: {limits or 'none seen'}.\n")
+    header = (
+        f"{'':<15} {'':<17} {moment:^21} {'after the run':^17}".rstrip() + "\n"
+        f"{'destination':<15} {'server':<17} {'active':>6} {'idle':>6} {'waiting':>7} "
+        f"{'created':>8} {'connects':>8}"
+    )
+    print(header)
+    print("-" * len(header.splitlines()[-1]))
+    addresses = sorted(during.active.keys() | during.idle.keys() | during.waiting.keys())
+    for where in addresses + sorted(after.created.keys() - set(addresses)):
+        name = bursts.destinations.get(where, "?")
+        connects = summaries[name].connects if name in summaries else 0
+        print(
+            f"{name:<15} {f'{where[0]}:{where[1]}':<17} {during.active.get(where, 0):>6} "
+            f"{during.idle.get(where, 0):>6} {during.waiting.get(where, 0):>7} "
+            f"{after.created.get(where, 0):>8} {connects:>8}"
+        )
+    print(
+        "\nactive: connections handed to a request; idle: open and kept alive for the next one "
+        "(both\nhttp.client.open_connections); waiting: requests queued for a slot "
+        "(waiting_requests);\ncreated: TCP connections opened (connections_created), against "
+        "connects, the pool\nacquisitions (connect_total, one per request): kept-alive "
+        "connections serve many requests."
     )
 
 
@@ -321,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         # This example is about the pool: no sandboxes, so no sandbox telemetry.
         instrumentor.instrument(sandbox_resources=False)
 
-    timed_out = asyncio.run(run_bursts(args.limit, args.limit_per_host, plan, args.delay_ms / 1000))
+    bursts = asyncio.run(
+        run_bursts(args.limit, args.limit_per_host, plan, args.delay_ms / 1000, reader)
+    )
     print(
         f"\nSent {plan.total} requests through one pool (limit={args.limit}, "
         f"limit_per_host={args.limit_per_host}) to two servers whose handlers take "
@@ -329,12 +512,16 @@ def main(argv: list[str] | None = None) -> int:
         f"  phase 1: {plan.alone} to policy-model alone;\n"
         f"  phase 2: {plan.policy} to policy-model and {plan.sandbox} to sandbox-server at "
         f"once, plus {plan.impatient} impatient ones\n"
-        f"           to sandbox-server with a 2 ms connect timeout ({timed_out} timed out).\n"
+        f"           to sandbox-server with a 2 ms connect timeout "
+        f"({bursts.timed_out} timed out).\n"
     )
     if reader is not None:
-        print_summary(summarize(reader), plan.sent())
+        data = reader.get_metrics_data()
+        summaries = summarize(data)
+        print_summary(summaries, plan.sent())
+        print_pool_state(bursts, read_pool_state(data), summaries)
     else:
-        print("Queue waits and connects were exported through the configured exporter.")
+        print("Queue waits, connects and pool state were exported through the configured exporter.")
 
     cfg = PoolConfig(args.limit, args.limit_per_host, plan.peak, plan.peak_per_host)
     capacity: ConnectionPoolCapacity = connection_pool_capacity(cfg, workers=1)

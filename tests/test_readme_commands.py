@@ -71,8 +71,17 @@ EXIT_STATUS = {
     "nemo-gym-otel capacity --limit 256 --limit-per-host 64 --workers 4 --intended 1024": 1,
 }
 MUST_SHOW = {
-    "bash scripts/quickstart.sh": ("Sent 300 requests", "What to do:", "nemo-gym-otel capacity"),
-    "examples/quickstart.py": (QUEUE_METRIC, "Using the meter provider configured by"),
+    "bash scripts/quickstart.sh": (
+        "Sent 300 requests",
+        "Pool state at saturation",
+        "What to do:",
+        "nemo-gym-otel capacity",
+    ),
+    "examples/quickstart.py": (
+        QUEUE_METRIC,
+        "Using the meter provider configured by",
+        "Pool state at saturation",
+    ),
     "examples/nemo_gym_sandbox.py": ('"name": "sandbox.create"', '"name": "sandbox.resources"'),
     "examples/sandbox.py": ("How to read it:",),
     "--json": ('"safe": true', '"exit_code": 0'),
