@@ -23,7 +23,8 @@ from aiohttp import web
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _aiohttp_compat
+from conftest import queued as waiting_for_a_slot
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
@@ -166,7 +167,7 @@ async def queue_behind_holder(
     first = asyncio.create_task(holder())
     await _wait_until(lambda: server.in_flight == 1)
     second = asyncio.create_task(queued())
-    await _wait_until(lambda: _aiohttp_compat.waiter_count(session.connector) == 1)
+    await _wait_until(lambda: waiting_for_a_slot(session.connector) == 1)
     server.release()
     for response in await asyncio.gather(first, second):
         assert await response.text() == "ok"
