@@ -44,6 +44,24 @@ def require_service(available: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+async def serve_on_loopback(
+    host: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> tuple[web.AppRunner, int]:
+    """Serve ``handler`` for every GET path on ``host`` at a free port; the runner and port."""
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    server = site._server
+    assert server is not None
+    sockets = getattr(server, "sockets", None)
+    assert sockets
+    port: int = sockets[0].getsockname()[1]
+    return runner, port
+
+
 class LoopbackServer:
     """A real aiohttp server on a loopback address whose handler sleeps ``delay_s``."""
 
@@ -69,17 +87,7 @@ class LoopbackServer:
             self.in_flight -= 1
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None)
-        assert sockets
-        self.port = sockets[0].getsockname()[1]
+        self._runner, self.port = await serve_on_loopback(self.host, self._handle)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -206,17 +214,7 @@ class GatedServer:
         await eventually(lambda: self.held == count, f"{count} requests held on {self.url}")
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._answer)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None)
-        assert sockets
-        self.port = sockets[0].getsockname()[1]
+        self._runner, self.port = await serve_on_loopback(self.host, self._answer)
 
     async def stop(self) -> None:
         self.open()
