@@ -62,61 +62,6 @@ async def serve_on_loopback(
     return runner, port
 
 
-class LoopbackServer:
-    """A real aiohttp server on a loopback address whose handler sleeps ``delay_s``."""
-
-    def __init__(self, host: str, delay_s: float) -> None:
-        self.host = host
-        self.delay_s = delay_s
-        self.requests = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        self.requests += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            delay = float(request.query.get("delay", self.delay_s))
-            if delay:
-                await asyncio.sleep(delay)
-            return web.Response(text="ok")
-        finally:
-            self.in_flight -= 1
-
-    async def start(self) -> None:
-        self._runner, self.port = await serve_on_loopback(self.host, self._handle)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-ServerFactory = Callable[..., Awaitable[LoopbackServer]]
-
-
-@pytest.fixture
-async def loopback_server() -> AsyncIterator[ServerFactory]:
-    """Start real aiohttp servers on loopback: ``await loopback_server("127.0.0.2", 0.01)``."""
-    servers: list[LoopbackServer] = []
-
-    async def start(host: str = "127.0.0.1", delay_s: float = 0.0) -> LoopbackServer:
-        server = LoopbackServer(host, delay_s)
-        await server.start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.stop()
-
-
 @pytest.fixture
 def metric_reader() -> InMemoryMetricReader:
     return InMemoryMetricReader()

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider
 
-from conftest import GatedServerFactory, ServerFactory, eventually, queued
+from conftest import GatedServerFactory, eventually, queued
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
@@ -87,10 +87,10 @@ async def test_instrument_aiohttp_request_counts_connects(
     instrumentor: NemoGymInstrumentor,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
-    loopback_server: ServerFactory,
+    gated_server: GatedServerFactory,
 ) -> None:
     """``aiohttp.request()`` builds its own session, whose connector is timed too."""
-    server = await loopback_server("127.0.0.1")
+    server = await gated_server("127.0.0.1")
     instrumentor.instrument(meter_provider=meter_provider)
     token = set_server_name("via-aiohttp-request")
     try:
