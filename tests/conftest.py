@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
 
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import ProcessSandboxProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
     ATTR_QUEUE_OUTCOME,
@@ -60,6 +61,14 @@ async def serve_on_loopback(
     assert sockets
     port: int = sockets[0].getsockname()[1]
     return runner, port
+
+
+@pytest.fixture
+async def process() -> AsyncIterator[ProcessSandboxProvider]:
+    """A process sandbox provider without cgroups, closed after the test."""
+    made = ProcessSandboxProvider(cgroups=False)
+    yield made
+    await made.aclose()
 
 
 @pytest.fixture

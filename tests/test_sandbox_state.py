@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,13 +102,6 @@ def exporting(
     """The global provider exports; samples every 10 s (longer than any caller bound here)."""
     monkeypatch.setenv(INTERVAL_VARIABLE, "10")
     return span_exporter
-
-
-@pytest.fixture
-async def process() -> AsyncIterator[ProcessSandboxProvider]:
-    made = ProcessSandboxProvider(cgroups=False)
-    yield made
-    await made.aclose()
 
 
 @pytest.fixture

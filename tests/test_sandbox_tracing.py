@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,13 +57,6 @@ def exporter(
 ) -> InMemorySpanExporter:
     monkeypatch.setenv(INTERVAL_VARIABLE, "0.1")
     return span_exporter
-
-
-@pytest.fixture
-async def process() -> AsyncIterator[ProcessSandboxProvider]:
-    made = ProcessSandboxProvider(cgroups=False)
-    yield made
-    await made.aclose()
 
 
 @pytest.fixture
