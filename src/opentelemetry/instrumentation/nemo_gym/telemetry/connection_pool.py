@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -388,8 +387,9 @@ def report_connection_pool_capacity(
 
     Logs one ``key=value`` line at INFO and each mismatch at WARNING, once per distinct
     (workers, configuration) in this process; later calls with the same values do nothing.
-    With ``visible=True`` the line and the warnings are also printed to stderr. Reads the FD
-    soft limit and the ephemeral-port range; never raises for an unreadable system value.
+    With ``visible=True`` the line and the warnings are also printed to standard output, as
+    NeMo Gym prints its own report. Reads the FD soft limit and the ephemeral-port range;
+    never raises for an unreadable system value.
     """
     key: tuple[object, ...] = (
         capacity.workers,
@@ -421,6 +421,8 @@ def report_connection_pool_capacity(
     for warning in warnings:
         logger.warning("connection pool capacity mismatch: %s", warning)
     if visible:
-        print(line, file=sys.stderr)
+        # Standard output, like NeMo Gym's own report: a deployment that collects NeMo Gym's
+        # startup output finds ours in the same stream.
+        print(line)
         for warning in warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {warning}")
