@@ -33,6 +33,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     PROVIDER,
     REQUEST_ID,
     SANDBOX_ID,
+    enclosing_nemo_gym_span,
+    stamp_nemo_gym_span,
     stamped,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
@@ -152,6 +154,9 @@ def _mark_failed(span: Span, exc: BaseException) -> None:
 
 @contextmanager
 def _span(state: SandboxState, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Span]:
+    """Our span around a provider call; an enclosing NeMo Gym sandbox span (its parent) gets
+    the same identity when the call ends."""
+    enclosing = enclosing_nemo_gym_span()
     with state.tracer.start_as_current_span(
         name, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as span:
@@ -160,6 +165,8 @@ def _span(state: SandboxState, name: str, attributes: Mapping[str, Attribute]) -
         except BaseException as exc:
             _mark_failed(span, exc)
             raise
+        finally:
+            stamp_nemo_gym_span(enclosing, span)
 
 
 # --- the traced calls, shared by traced_provider() and the auto-traced classes -------------
