@@ -10,6 +10,7 @@ can share, standing in for an external control plane that ``connect`` reaches by
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -262,6 +263,9 @@ async def test_traced_provider_forwarded_members_are_the_providers(state: Sandbo
         assert traced.cgroup_version is None
         traced.calls = Calls()
         assert traced.calls is provider.calls
+        copied = copy.copy(traced)
+        assert type(copied) is type(traced)
+        assert copied.wrapped is provider
     finally:
         await provider.aclose()
 

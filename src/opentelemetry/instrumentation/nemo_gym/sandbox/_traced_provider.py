@@ -59,9 +59,13 @@ class TracedSandboxProvider:
     wrapped: Any
     _state: SandboxState | None
 
-    def __new__(cls, provider: Any, state: SandboxState | None = None) -> TracedSandboxProvider:
-        made = _class_for(provider) if cls is TracedSandboxProvider else cls
-        return object.__new__(made)
+    def __new__(cls, *args: Any, **kwargs: Any) -> TracedSandboxProvider:
+        # Called with the provider by construction, and with nothing by copy and pickle,
+        # which recreate an instance of a made class.
+        if cls is TracedSandboxProvider:
+            provider = args[0] if args else kwargs.get("provider")
+            cls = _class_for(provider)
+        return object.__new__(cls)
 
     def __init__(self, provider: Any, state: SandboxState | None = None) -> None:
         self.wrapped = provider
