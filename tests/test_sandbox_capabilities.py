@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -20,6 +21,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from nemo_gym_support import nemo_gym_sandbox
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxSpec,
@@ -361,3 +364,32 @@ async def test_traced_provider_connect_handle_is_known_as_created(
     assert identity(exec_span) == identity(close) == known
     assert len(state.registry) == 0  # closed: forgotten like a created sandbox
     assert spans(span_exporter, "sandbox.create") == []
+
+
+# --- through NeMo Gym's create_provider while instrumented ------------------------------------
+
+
+async def test_instrumented_nemo_gym_provider_keeps_its_capabilities(
+    tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter
+) -> None:
+    """A capable provider NeMo Gym builds under instrument() keeps exactly its capabilities."""
+    nemo_gym = nemo_gym_sandbox()
+    name = f"test_{uuid.uuid4().hex[:12]}"  # NeMo Gym's registry has no removal
+    nemo_gym.register_provider(name, WithPtyAttach)
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, connection_pool=False)
+    try:
+        provider = nemo_gym.create_provider({name: {}})
+        assert isinstance(provider, TracedSandboxProvider)
+        found = {protocol for protocol in PROTOCOLS if isinstance(provider, protocol)}
+        assert found == {SupportsEndpoint, SupportsPty, SupportsPtyAttach, HasResourceRead}
+        handle = await provider.create(SandboxSpec())
+        endpoint = await provider.endpoint(handle, 9000)
+        await provider.close(handle)
+        await provider.aclose()
+    finally:
+        instrumentor.uninstrument()
+    assert endpoint is provider.wrapped.calls.seen[0][3]
+    (span,) = spans(span_exporter, "sandbox.endpoint")
+    assert identity(span)[SANDBOX_ID] == handle.sandbox_id
+    assert identity(span)[PROVIDER] == "process"
