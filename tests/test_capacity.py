@@ -235,14 +235,14 @@ def test_report_connection_pool_capacity_once_per_configuration(
     assert len(connection_pool._REPORTED_CAPACITIES) == 3
 
 
-def test_report_connection_pool_capacity_visible_prints_to_stderr(
+def test_report_connection_pool_capacity_visible_prints_to_stdout(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """visible=True prints the line and each warning to stderr as well as logging them."""
+    """visible=True prints the line and each warning to stdout, as NeMo Gym does, and logs them."""
     infos, warnings = _report(caplog, Config(10, 0, 20, None), visible=True)
     captured = capsys.readouterr()
-    assert captured.out == ""
-    lines = captured.err.splitlines()
+    assert captured.err == ""
+    lines = captured.out.splitlines()
     assert lines[0] == infos[0]
     assert len(warnings) == 1
     assert lines[1:] == [f"warning: {warnings[0].split(': ', 1)[1]}"]

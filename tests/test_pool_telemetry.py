@@ -21,6 +21,7 @@ from conftest import (
     queue_waits,
     queued,
 )
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
@@ -146,3 +147,60 @@ def test_pool_telemetry_rejects_bad_settings(
     settings: dict[str, Any] = {"version": "test", "max_server_names": 5, setting: value}
     with pytest.raises(ValueError, match=f"{setting}={value!r}"):
         PoolTelemetry(meter_provider, **settings)
+
+
+async def test_connect_count_snapshot_before_sdk_leaves_global_connectors_recording(
+    gated_server: GatedServerFactory,
+    clean_metrics_globals: None,
+) -> None:
+    """Reading the global counts under the API's proxy does not stop later connectors recording."""
+    assert connection_pool._connect_count_snapshot() == {}  # the API's proxy: nothing counted
+    assert connection_pool._CONNECT_COUNTS == {}
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    metrics.set_meter_provider(provider)
+    try:
+        server = await gated_server("127.0.0.1")
+        connector = build_connection_pool_connector(limit=2, limit_per_host=0)
+        assert type(connector) is QueueTimedTCPConnector
+        async with aiohttp.ClientSession(connector=connector) as session:
+            requests = [
+                asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in range(10)
+            ]
+            await server.until_held(2)
+            await eventually(lambda: queued(connector) == 8, "eight requests queued")
+            server.open()
+            assert await asyncio.gather(*requests) == ["ok"] * 10
+        assert queue_waits(reader) == {("total", "ok", "external"): 8}
+        assert connect_counts(reader) == {"external": 10}
+        assert connection_pool._CONNECT_COUNTS == {"external": 10}
+    finally:
+        provider.shutdown()
+
+
+async def test_direct_connector_before_sdk_while_instrumented_leaves_later_ones_recording(
+    gated_server: GatedServerFactory,
+    clean_metrics_globals: None,
+) -> None:
+    """Instrumented, a timed connector made under the proxy counts nothing; later ones record."""
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument()
+    try:
+        early = QueueTimedTCPConnector()
+        await early.close()
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        metrics.set_meter_provider(provider)
+        server = await gated_server("127.0.0.1")
+        connector = QueueTimedTCPConnector(limit=1, limit_per_host=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            requests = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in "ab"]
+            await server.until_held(1)
+            await eventually(lambda: queued(connector) == 1, "one request queued")
+            server.open()
+            assert await asyncio.gather(*requests) == ["ok", "ok"]
+        assert queue_waits(reader) == {("total", "ok", "external"): 1}
+        assert connect_counts(reader) == {"external": 2}
+        provider.shutdown()
+    finally:
+        instrumentor.uninstrument()

@@ -80,7 +80,10 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
 from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
     uninstall as _uninstall_server_labels,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
+    PoolTelemetry,
+    is_api_proxy,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     _bind_instrumented_telemetry,
 )
@@ -235,7 +238,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # The global provider may be set after instrument(), so it is resolved per
             # construction; PoolTelemetry.of makes its instruments once per provider.
             def current() -> PoolTelemetry | None:
-                return telemetry_of(metrics.get_meter_provider())
+                provider = metrics.get_meter_provider()
+                # Never over the API's proxy: that would own the later provider's instruments.
+                return None if is_api_proxy(provider) else telemetry_of(provider)
 
             def choose() -> PoolTelemetry | None:
                 return exporting_telemetry(metrics.get_meter_provider())

@@ -10,7 +10,9 @@ aiohttp's own ``ClientSession()``/``aiohttp.request()`` are covered, and
 ``isinstance(connector, aiohttp.TCPConnector)`` stays true. Construction itself is aiohttp's:
 its errors, its ``inspect.signature`` and ``copy.copy`` behave as without us.
 
-Only ``TCPConnector(...)`` itself is switched: subclasses are somebody's deliberate choice.
+Only ``TCPConnector(...)`` itself is switched: subclasses are somebody's deliberate choice,
+and NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``) times its pools with a
+``QueueTimedTCPConnector`` subclass of its own, which must never be timed twice.
 ``uninstall()`` puts aiohttp's ``__init__`` back exactly; if another library wrapped it after
 us, its wrapper stays, and ours, underneath, turns into a pass-through instead.
 """
@@ -18,6 +20,7 @@ us, its wrapper stays, and ours, underneath, turns into a pass-through instead.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +133,17 @@ class TCPConnectorPatch:
             )
 
 
+# NeMo Gym's own implementation of reference page 004. Where it is loaded, NeMo Gym reports its
+# servers' pool sizing itself, with the same line prefix and keys as ours.
+NEMO_GYM_POOL_MODULE = "nemo_gym.telemetry.connection_pool"
+
+
+def nemo_gym_reports_capacity() -> bool:
+    """Whether NeMo Gym's own connection-pool module, which reports capacity, is loaded."""
+    module = sys.modules.get(NEMO_GYM_POOL_MODULE)
+    return callable(getattr(module, "report_connection_pool_capacity", None))
+
+
 def capacity_reporter(
     workers: int, intended: int | None, intended_per_host: int | None
 ) -> Callable[[aiohttp.TCPConnector], None]:
@@ -138,10 +152,14 @@ def capacity_reporter(
     A connector's limits are what *this* process may use; the report takes budgets for the
     whole process group of ``workers`` and divides them, so they are multiplied back here,
     which keeps that division exact. Intended demand is the operator's, for the group.
-    ``report_connection_pool_capacity`` logs each distinct configuration once.
+    ``report_connection_pool_capacity`` logs each distinct configuration once. Nothing is
+    reported while NeMo Gym's own connection-pool module is loaded: NeMo Gym reports its pool
+    sizing itself, in the same words, and the line must appear once.
     """
 
     def report(connector: aiohttp.TCPConnector) -> None:
+        if nemo_gym_reports_capacity():
+            return
         limit, limit_per_host = connector.limit, connector.limit_per_host
         cfg = _PoolConfig(
             global_aiohttp_connector_limit=limit * workers,

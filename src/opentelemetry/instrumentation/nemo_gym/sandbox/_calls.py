@@ -3,7 +3,10 @@
 Each function runs one provider call for a ``SandboxState``: create inside a
 ``sandbox.create`` span, counted on ``gym.sandbox.creations`` (created, or failed with the
 exception's type), then the resource records beside the caller; exec, upload and download
-inside their spans; close after a short grace for the final records. A failed call's span
+inside their spans, and so the optional capability calls (``CAPABILITY_SPANS``: endpoint,
+PTY create and attach, handle serialization); ``connect`` inside ``sandbox.connect``, after
+which the handle it returns is known as if create had made it; close after a short grace for
+the final records. A failed call's span
 records the exception's type, never its message, and the exception reaches the caller as the
 same object. Inside OpenTelemetry's ``suppress_instrumentation``, for a state that
 ``tracing.disable`` turned off, and for a nested call into the provider already being traced,
@@ -30,6 +33,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     PROVIDER,
     REQUEST_ID,
     SANDBOX_ID,
+    enclosing_nemo_gym_span,
+    stamp_nemo_gym_span,
     stamped,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
@@ -51,6 +56,17 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 EXEC_RETURN_CODE = PREFIX + "exec.return_code"
 EXEC_ERROR_TYPE = PREFIX + "exec.error_type"
 ERROR_TYPE = "error.type"
+
+# NeMo Gym's optional provider capabilities that act on a handle (the first argument), and
+# the span each call is. Their results (endpoint URLs with routing headers, PTY sessions,
+# descriptors that may carry leases) are never recorded.
+CAPABILITY_SPANS = {
+    "endpoint": "sandbox.endpoint",
+    "create_pty": "sandbox.pty.create",
+    "attach_pty": "sandbox.pty.attach",
+    "serialize_handle": "sandbox.serialize",
+}
+CONNECT_SPAN = "sandbox.connect"
 
 # How long close() lets the final sample run before it calls the provider's close anyway: the
 # sample wants the sandbox alive, the caller wants close() prompt. A slower sample goes on
@@ -108,8 +124,13 @@ def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
         yield
 
 
-def _identity_or_empty(handle: Any) -> dict[str, Attribute]:
+def _identity_or_empty(state: SandboxState, handle: Any) -> dict[str, Attribute]:
+    """``handle``'s identity as ``state`` knows it (a wrapper's explicit state need not be the
+    current one), else as ``sandbox_identity`` finds it."""
     try:
+        entry = state.registry.get(sandbox_key(handle))
+        if entry is not None and entry.identity is not None:
+            return dict(entry.identity)
         return sandbox_identity(handle)
     except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
         log_failure("reading a sandbox handle", exc)
@@ -133,6 +154,9 @@ def _mark_failed(span: Span, exc: BaseException) -> None:
 
 @contextmanager
 def _span(state: SandboxState, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Span]:
+    """Our span around a provider call; an enclosing NeMo Gym sandbox span (its parent) gets
+    the same identity when the call ends."""
+    enclosing = enclosing_nemo_gym_span()
     with state.tracer.start_as_current_span(
         name, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as span:
@@ -141,6 +165,8 @@ def _span(state: SandboxState, name: str, attributes: Mapping[str, Attribute]) -
         except BaseException as exc:
             _mark_failed(span, exc)
             raise
+        finally:
+            stamp_nemo_gym_span(enclosing, span)
 
 
 # --- the traced calls, shared by traced_provider() and the auto-traced classes -------------
@@ -173,6 +199,31 @@ async def traced_create(
     # Outside the create span: the records belong to the caller's context, and the guard above
     # is reset so the tasks started here do not inherit it.
     _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
+    return handle
+
+
+async def traced_connect(
+    state: SandboxState, provider: object, call: Callable[[], Awaitable[_T]]
+) -> _T:
+    """Run ``call`` (the provider's ``connect``, which rebuilds a handle from a descriptor)
+    inside a ``sandbox.connect`` span, then treat the handle as a created one.
+
+    The sandbox gets a request id of its own in this process and is remembered with it, so
+    ``sandbox_identity``, the exec spans and ``close`` know it, and its resource records start
+    as after a create. Not counted on ``gym.sandbox.creations``: nothing was created.
+    """
+    if _passes_through(state, provider):
+        return await call()
+    name = provider_name(provider)
+    attributes: dict[str, Attribute] = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, CONNECT_SPAN, attributes) as span:
+            handle = await call()
+            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+    finally:
+        _TRACING.reset(token)
+    _start_resource_records(state, provider, handle, attributes, None)
     return handle
 
 
@@ -242,7 +293,7 @@ async def traced_call(
         return await call()
     token = _TRACING.set(id(provider))
     try:
-        with _span(state, span_name, _identity_or_empty(handle)) as span:
+        with _span(state, span_name, _identity_or_empty(state, handle)) as span:
             result = await call()
             if describe is not None:
                 try:
@@ -296,7 +347,7 @@ async def traced_close(
     if _TRACING.get() == id(provider):
         return await call()
     try:
-        identity = _identity_or_empty(handle)
+        identity = _identity_or_empty(state, handle)
         stopping = _stop_samplers(state, [sandbox_key(handle)])
     except Exception as exc:  # noqa: BLE001 - the provider's close must run regardless
         log_failure("stopping a sandbox's records", exc)

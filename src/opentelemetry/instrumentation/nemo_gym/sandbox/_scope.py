@@ -5,6 +5,11 @@
 identity onto every span started there. Which identity belongs to a handle is the sandbox
 state's business (``tracing.sandbox_scope``); this module knows only the current one. Nothing
 here does I/O; everything runs on the caller's thread.
+
+NeMo Gym's own sandbox spans (``gym.sandbox.start``, ``gym.sandbox.exec``, off by default) sit
+one level above ours: ``AsyncSandbox`` opens them and then calls the provider, so our provider
+spans are their children. ``stamp_nemo_gym_span`` gives such an enclosing span the identity
+our child span carries, so both carry one identity.
 """
 
 from __future__ import annotations
@@ -42,6 +47,35 @@ def stamped(identity: Mapping[str, Attribute]) -> Iterator[None]:
         yield
     finally:
         _SCOPE_IDENTITY.reset(token)
+
+
+IDENTITY_KEYS = (REQUEST_ID, PROVIDER, SANDBOX_ID)
+# The names of NeMo Gym's own sandbox spans start with this.
+NEMO_GYM_SPAN_PREFIX = "gym.sandbox."
+
+
+def enclosing_nemo_gym_span() -> trace.Span | None:
+    """The current span when it is one of NeMo Gym's own sandbox spans, still recording."""
+    span = trace.get_current_span()
+    name = getattr(span, "name", None)
+    if isinstance(name, str) and name.startswith(NEMO_GYM_SPAN_PREFIX) and span.is_recording():
+        return span
+    return None
+
+
+def stamp_nemo_gym_span(enclosing: trace.Span | None, child: trace.Span) -> None:
+    """Copy ``child``'s identity attributes onto ``enclosing`` (a NeMo Gym sandbox span),
+    leaving any it already has. Never raises."""
+    if enclosing is None:
+        return
+    try:
+        attributes = getattr(child, "attributes", None) or {}
+        present = getattr(enclosing, "attributes", None) or {}
+        enclosing.set_attributes(
+            {k: attributes[k] for k in IDENTITY_KEYS if k in attributes and k not in present}
+        )
+    except Exception as exc:  # noqa: BLE001 - another library's span is not worth a failure
+        log_failure("stamping NeMo Gym's sandbox span", exc)
 
 
 class SandboxSpanProcessor(SpanProcessor):

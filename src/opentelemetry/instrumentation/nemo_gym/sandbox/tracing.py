@@ -3,9 +3,14 @@
 ``traced_provider(provider)`` wraps any object of the ``SandboxProvider`` shape (ours or
 nemo_gym's, duck-typed) so that each lifecycle call is a span (``sandbox.create``,
 ``sandbox.exec``, ``sandbox.upload``, ``sandbox.download``, ``sandbox.close``) carrying the
-sandbox's identity: ``request.id``, ``provider`` and ``id`` under ``PREFIX``. Create records
-the request before provisioning; once the provider has answered, the allocation record (for a
-``ResourceProvider``) and the ``ResourceSampler`` run beside the caller, never in front of it.
+sandbox's identity: ``request.id``, ``provider`` and ``id`` under ``PREFIX``. The wrapper has
+exactly the provider's members (``_traced_provider``), so NeMo Gym's runtime-checkable
+capability protocols see the same capabilities on it as on the provider, and the capability
+calls are spans too (``sandbox.endpoint``, ``sandbox.pty.create``, ``sandbox.pty.attach``,
+``sandbox.serialize``, ``sandbox.connect``); a handle from ``connect`` is known as a created
+one. Create records the request before provisioning; once the provider has answered, the
+allocation record (for a ``ResourceProvider``) and the ``ResourceSampler`` run beside the
+caller, never in front of it.
 Close gives the final sample a short head start (``FINAL_SAMPLE_GRACE_S``) so it still sees
 the sandbox, then calls the provider's close whatever the sample does. Exec spans record the
 return code and never the command text; a failed call's span records the exception's type,
@@ -29,7 +34,6 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import wrapt
@@ -37,14 +41,15 @@ from opentelemetry import metrics, trace
 
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
+    CAPABILITY_SPANS,
     FINAL_SAMPLE_GRACE_S,
     describe_exec,
-    provider_name,
     sandbox_identity,
     sandbox_scope,
     traced_aclose,
     traced_call,
     traced_close,
+    traced_connect,
     traced_create,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
@@ -57,11 +62,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
     install,
     installed_state,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
-    SandboxExecResult,
-    SandboxHandle,
-    SandboxSpec,
-    SandboxStatus,
+from opentelemetry.instrumentation.nemo_gym.sandbox._traced_provider import (
+    TracedSandboxProvider,
 )
 
 __all__ = [
@@ -80,86 +82,6 @@ __all__ = [
 ]
 
 LOGGER = logging.getLogger(__name__)
-
-
-class TracedSandboxProvider:
-    """A sandbox provider whose lifecycle calls are spans; everything else is delegated.
-
-    Results and exceptions of the wrapped provider pass through unchanged. Attributes other
-    than the protocol's methods (``resource_allocation``, provider-specific options) are read
-    from the wrapped provider, so it still looks like a ``ResourceProvider`` when it is one.
-    Calls belong to ``state`` when given, else to ``current_state()`` at the time of the call.
-    """
-
-    def __init__(self, provider: Any, state: SandboxState | None = None) -> None:
-        self.wrapped = provider
-        self._state = state
-
-    @property
-    def name(self) -> str:
-        return provider_name(self.wrapped)
-
-    @property
-    def state(self) -> SandboxState:
-        """The sandbox state this wrapper's calls belong to right now."""
-        return self._state if self._state is not None else current_state()
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self.wrapped, item)
-
-    def __repr__(self) -> str:
-        return f"traced_provider({self.wrapped!r})"
-
-    async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        p = self.wrapped
-        result: SandboxHandle = await traced_create(self.state, p, lambda: p.create(spec), spec)
-        return result
-
-    async def exec(self, handle: SandboxHandle, command: str, **kwargs: Any) -> SandboxExecResult:
-        p = self.wrapped
-        result: SandboxExecResult = await traced_call(
-            self.state,
-            p,
-            "sandbox.exec",
-            handle,
-            lambda: p.exec(handle, command, **kwargs),
-            describe_exec,
-        )
-        return result
-
-    async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
-        p = self.wrapped
-        await traced_call(
-            self.state,
-            p,
-            "sandbox.upload",
-            handle,
-            lambda: p.upload_file(handle, source_path, target_path),
-        )
-
-    async def download_file(
-        self, handle: SandboxHandle, source_path: str, target_path: Path
-    ) -> None:
-        p = self.wrapped
-        await traced_call(
-            self.state,
-            p,
-            "sandbox.download",
-            handle,
-            lambda: p.download_file(handle, source_path, target_path),
-        )
-
-    async def status(self, handle: SandboxHandle) -> SandboxStatus:
-        result: SandboxStatus = await self.wrapped.status(handle)
-        return result
-
-    async def close(self, handle: SandboxHandle) -> None:
-        p = self.wrapped
-        await traced_close(self.state, p, handle, lambda: p.close(handle))
-
-    async def aclose(self) -> None:
-        p = self.wrapped
-        await traced_aclose(self.state, p, lambda: p.aclose())
 
 
 def traced_provider(provider: Any, state: SandboxState | None = None) -> TracedSandboxProvider:
@@ -215,18 +137,35 @@ def _class_wrapper(state: SandboxState, method: str) -> Callable[..., Awaitable[
             return traced_create(state, instance, call, _argument(args, kwargs, 0, "spec"))
         if method == "aclose":
             return traced_aclose(state, instance, call)
+        if method == "connect":
+            return traced_connect(state, instance, call)
         handle = _argument(args, kwargs, 0, "handle")
         if method == "exec":
             return traced_call(state, instance, "sandbox.exec", handle, call, describe_exec)
         if method == "close":
             return traced_close(state, instance, handle, call)
-        span_name = "sandbox.upload" if method == "upload_file" else "sandbox.download"
-        return traced_call(state, instance, span_name, handle, call)
+        return traced_call(state, instance, _HANDLE_SPANS[method], handle, call)
 
     return wrapper
 
 
-_TRACED_METHODS = ("create", "exec", "upload_file", "download_file", "close", "aclose")
+_HANDLE_SPANS = {
+    "upload_file": "sandbox.upload",
+    "download_file": "sandbox.download",
+    **CAPABILITY_SPANS,
+}
+
+# The lifecycle, then the optional capabilities (traced where the class has them).
+_TRACED_METHODS = (
+    "create",
+    "exec",
+    "upload_file",
+    "download_file",
+    "close",
+    "aclose",
+    "connect",
+    *CAPABILITY_SPANS,
+)
 
 # The bundled providers, by import path: a module that is missing or fails to import (the
 # Docker provider's optional pieces, say) is skipped rather than breaking the instrumentor.

@@ -39,6 +39,7 @@ from typing import Any, Final
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
+from opentelemetry.metrics import _internal as _metrics_api
 
 from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
     Destination,
@@ -81,6 +82,18 @@ def suppressed(ctx: Context) -> bool:
     """Whether ``ctx`` carries OpenTelemetry's ``suppress_instrumentation`` (or its HTTP form)."""
     # Written out, not any() over a generator: this runs once per buffered wait.
     return bool(ctx.get(_SUPPRESS) or ctx.get(_SUPPRESS_HTTP) or ctx.get(_SUPPRESS_PLAIN))
+
+
+def is_api_proxy(meter_provider: object) -> bool:
+    """Whether ``meter_provider`` is the API's global proxy (no provider set yet).
+
+    The proxy hands the instruments made through it to whichever provider is set later, and
+    the SDK keeps the first instruments of a name and drops a later set's callbacks. Telemetry
+    made over the proxy would therefore own the real provider's pool instruments for good,
+    with no connector of its own to report: the global telemetry waits for the real provider.
+    """
+    proxy = getattr(_metrics_api, "_ProxyMeterProvider", None)
+    return isinstance(proxy, type) and isinstance(meter_provider, proxy)
 
 
 class SemconvMode:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -56,6 +55,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
     ConnectorCounts,
     PoolTelemetry,
     WaitSample,
+    is_api_proxy,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
@@ -119,14 +119,20 @@ def reset_server_name(token: contextvars.Token[str]) -> None:
     _SERVER_NAME.reset(token)
 
 
-def global_pool_telemetry() -> PoolTelemetry:
+def global_pool_telemetry() -> PoolTelemetry | None:
     """The ``PoolTelemetry`` of the current global meter provider, made on first use.
 
-    Settings come from the environment (``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES``,
-    ``OTEL_SEMCONV_STABILITY_OPT_IN``) the first time a provider is seen.
+    ``None`` while no provider is set (the API's proxy): nothing is counted until one is, and
+    asking early never ties the telemetry to the proxy (see ``is_api_proxy``), so connectors
+    built once a provider is set record into it. Settings come from the environment
+    (``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES``, ``OTEL_SEMCONV_STABILITY_OPT_IN``) the first
+    time a provider is seen.
     """
+    provider = metrics.get_meter_provider()
+    if is_api_proxy(provider):
+        return None
     return PoolTelemetry.of(
-        metrics.get_meter_provider(),
+        provider,
         version=__version__,
         max_server_names=_settings.max_server_names(),
         semconv_mode=_settings.semconv_http_mode(),
@@ -140,13 +146,19 @@ def _telemetry_for_direct_construction() -> PoolTelemetry | None:
     return global_pool_telemetry()
 
 
+# Stands in for the global telemetry's lock while no meter provider is set.
+_NO_TELEMETRY_LOCK = threading.Lock()
+
+
 def _connect_count_snapshot() -> dict[str, int]:
     """Connect counts per destination label of the global meter provider's telemetry.
 
-    Safe from any thread. Connectors that record into an explicit meter provider's telemetry
-    (``instrument(meter_provider=...)``) are counted there, not here.
+    Empty while no meter provider is set. Safe from any thread. Connectors that record into
+    an explicit meter provider's telemetry (``instrument(meter_provider=...)``) are counted
+    there, not here.
     """
-    return global_pool_telemetry().connect_counts()
+    telemetry = global_pool_telemetry()
+    return telemetry.connect_counts() if telemetry is not None else {}
 
 
 def __getattr__(name: str) -> Any:
@@ -157,7 +169,8 @@ def __getattr__(name: str) -> Any:
     if name == "_CONNECT_COUNTS":
         return _connect_count_snapshot()
     if name == "_CONNECT_COUNTS_LOCK":
-        return global_pool_telemetry()._collect_lock
+        telemetry = global_pool_telemetry()
+        return telemetry._collect_lock if telemetry is not None else _NO_TELEMETRY_LOCK
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -388,8 +401,9 @@ def report_connection_pool_capacity(
 
     Logs one ``key=value`` line at INFO and each mismatch at WARNING, once per distinct
     (workers, configuration) in this process; later calls with the same values do nothing.
-    With ``visible=True`` the line and the warnings are also printed to stderr. Reads the FD
-    soft limit and the ephemeral-port range; never raises for an unreadable system value.
+    With ``visible=True`` the line and the warnings are also printed to standard output, as
+    NeMo Gym prints its own report. Reads the FD soft limit and the ephemeral-port range;
+    never raises for an unreadable system value.
     """
     key: tuple[object, ...] = (
         capacity.workers,
@@ -421,6 +435,8 @@ def report_connection_pool_capacity(
     for warning in warnings:
         logger.warning("connection pool capacity mismatch: %s", warning)
     if visible:
-        print(line, file=sys.stderr)
+        # Standard output, like NeMo Gym's own report: a deployment that collects NeMo Gym's
+        # startup output finds ours in the same stream.
+        print(line)
         for warning in warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {warning}")

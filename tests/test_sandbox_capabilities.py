@@ -1,0 +1,395 @@
+"""A traced provider has exactly its provider's optional capabilities, and traces their calls.
+
+The protocols here have the shape of NeMo Gym's newer runtime-checkable capability protocols
+(an endpoint, PTY sessions, re-attaching them, serialize and connect); they are our own, as
+NeMo Gym's newer code is not installable here. The providers are the real process provider
+with capability methods added: its sandboxes live in a dictionary that two provider objects
+can share, standing in for an external control plane that ``connect`` reaches by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from nemo_gym_support import nemo_gym_sandbox
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    SandboxHandle,
+    SandboxSpec,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
+    ProcessSandboxProvider,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+    SandboxState,
+    TracedSandboxProvider,
+    sandbox_identity,
+    traced_provider,
+)
+
+REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
+
+
+# --- protocols of the same shape as NeMo Gym's ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    endpoint: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PtySpec:
+    command: str | None = None
+
+
+@runtime_checkable
+class SupportsEndpoint(Protocol):
+    async def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint: ...
+
+
+@runtime_checkable
+class SupportsPty(Protocol):
+    async def create_pty(self, handle: SandboxHandle, spec: PtySpec) -> object: ...
+
+
+@runtime_checkable
+class SupportsPtyAttach(Protocol):
+    async def attach_pty(
+        self,
+        handle: SandboxHandle,
+        session_id: str,
+        *,
+        takeover: bool = True,
+        since: int | None = None,
+    ) -> object: ...
+
+
+@runtime_checkable
+class Connectable(Protocol):
+    async def serialize_handle(
+        self, handle: SandboxHandle, *, scope: str | None = None
+    ) -> dict[str, Any]: ...
+
+    async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle: ...
+
+
+@runtime_checkable
+class HasResourceRead(Protocol):
+    """A protocol over a provider method the wrapper does not trace: it is forwarded."""
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Any]: ...
+
+
+PROTOCOLS = (SupportsEndpoint, SupportsPty, SupportsPtyAttach, Connectable, HasResourceRead)
+
+
+# --- providers with some of the capabilities -------------------------------------------------
+
+
+class Calls:
+    """What a capability method received and returned, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[Any, ...], dict[str, Any], object]] = []
+
+    def note(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: object
+    ) -> Any:
+        self.seen.append((method, args, kwargs, result))
+        return result
+
+
+class WithEndpoint(ProcessSandboxProvider):
+    def __init__(self) -> None:
+        super().__init__(cgroups=False)
+        self.calls = Calls()
+
+    async def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint:
+        self._open(handle)
+        found = Endpoint(f"http://127.0.0.1:{port}", {"x-route": handle.sandbox_id})
+        return self.calls.note("endpoint", (handle, port), {}, found)
+
+
+class WithPty(WithEndpoint):
+    async def create_pty(self, handle: SandboxHandle, spec: PtySpec) -> object:
+        self._open(handle)
+        return self.calls.note("create_pty", (handle, spec), {}, object())
+
+
+class WithPtyAttach(WithPty):
+    async def attach_pty(
+        self,
+        handle: SandboxHandle,
+        session_id: str,
+        *,
+        takeover: bool = True,
+        since: int | None = None,
+    ) -> object:
+        self._open(handle)
+        kwargs = {"takeover": takeover, "since": since}
+        return self.calls.note("attach_pty", (handle, session_id), kwargs, object())
+
+
+class WithConnect(WithPtyAttach):
+    """Serialize and connect: sandboxes kept in ``control_plane``, shared between providers."""
+
+    def __init__(self, control_plane: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if control_plane is not None:
+            self._sandboxes = control_plane
+
+    async def serialize_handle(
+        self, handle: SandboxHandle, *, scope: str | None = None
+    ) -> dict[str, Any]:
+        self._open(handle)
+        found = {"sandbox_id": handle.sandbox_id, "lease": "do-not-record"}
+        return self.calls.note("serialize_handle", (handle,), {"scope": scope}, found)
+
+    async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
+        sandbox_id = descriptor["sandbox_id"]
+        found = SandboxHandle(sandbox_id, self.name, self._sandboxes[sandbox_id])
+        return self.calls.note("connect", (descriptor,), {}, found)
+
+
+class EndpointSwitchedOff(WithEndpoint):
+    """``endpoint = None``: a runtime-checkable protocol counts the method as absent."""
+
+    endpoint = None  # type: ignore[assignment]
+
+
+class WithPtyOnly(ProcessSandboxProvider):
+    """PTY sessions without re-attach or endpoint: a capability set that skips one."""
+
+    async def create_pty(self, handle: SandboxHandle, spec: PtySpec) -> object:
+        return object()
+
+
+PROVIDER_CLASSES = (
+    ProcessSandboxProvider,
+    WithEndpoint,
+    WithPty,
+    WithPtyAttach,
+    WithConnect,
+    EndpointSwitchedOff,
+    WithPtyOnly,
+)
+
+
+def build(cls: type[ProcessSandboxProvider]) -> ProcessSandboxProvider:
+    """A provider of ``cls`` without cgroups."""
+    return cls() if issubclass(cls, WithEndpoint) else cls(cgroups=False)
+
+
+@pytest.fixture
+def state(tracer_provider: TracerProvider) -> SandboxState:
+    """A sandbox state of the test's own tracer provider, with sampling off."""
+    return SandboxState(tracer_provider, interval_s=0)
+
+
+def spans(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def identity(span: ReadableSpan) -> dict[str, Any]:
+    attributes = dict(span.attributes or {})
+    return {key: attributes.get(key) for key in (REQUEST_ID, PROVIDER, SANDBOX_ID)}
+
+
+# --- capabilities ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", PROVIDER_CLASSES, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda protocol: protocol.__name__)
+async def test_traced_provider_capabilities_equal_the_providers(
+    cls: type[ProcessSandboxProvider], protocol: type, state: SandboxState
+) -> None:
+    """isinstance against each runtime-checkable protocol is the same for wrapper and provider."""
+    provider = build(cls)
+    try:
+        traced = traced_provider(provider, state)
+        assert isinstance(traced, protocol) is isinstance(provider, protocol)
+    finally:
+        await provider.aclose()
+
+
+async def test_traced_provider_capabilities_are_the_expected_ones(state: SandboxState) -> None:
+    """The test's providers have the capabilities they are meant to have, wrapped or not."""
+    expected = {
+        ProcessSandboxProvider: {HasResourceRead},
+        WithEndpoint: {SupportsEndpoint, HasResourceRead},
+        WithPty: {SupportsEndpoint, SupportsPty, HasResourceRead},
+        WithPtyAttach: {SupportsEndpoint, SupportsPty, SupportsPtyAttach, HasResourceRead},
+        WithConnect: set(PROTOCOLS),
+        EndpointSwitchedOff: {HasResourceRead},
+        WithPtyOnly: {SupportsPty, HasResourceRead},
+    }
+    for cls, capabilities in expected.items():
+        provider = build(cls)
+        traced = traced_provider(provider, state)
+        assert {p for p in PROTOCOLS if isinstance(traced, p)} == capabilities, cls.__name__
+        await provider.aclose()
+
+
+async def test_traced_provider_class_is_made_once_per_provider_class(state: SandboxState) -> None:
+    """Two providers of one class share the wrapper class; another class gets its own."""
+    first, second, other = WithPty(), WithPty(), WithConnect()
+    try:
+        assert type(traced_provider(first, state)) is type(traced_provider(second, state))
+        assert type(traced_provider(first, state)) is not type(traced_provider(other, state))
+        assert isinstance(traced_provider(other), TracedSandboxProvider)
+        assert traced_provider(traced_provider(first)) is not None
+    finally:
+        for provider in (first, second, other):
+            await provider.aclose()
+
+
+async def test_traced_provider_forwarded_members_are_the_providers(state: SandboxState) -> None:
+    """Members the wrapper does not trace are the provider's own, read and set through it."""
+    provider = WithConnect()
+    try:
+        traced: Any = traced_provider(provider, state)
+        assert traced.resource_sample == provider.resource_sample
+        assert asyncio.iscoroutinefunction(traced.endpoint)
+        assert traced.cgroup_version is None
+        traced.calls = Calls()
+        assert traced.calls is provider.calls
+        copied = copy.copy(traced)
+        assert type(copied) is type(traced)
+        assert copied.wrapped is provider
+    finally:
+        await provider.aclose()
+
+
+# --- capability calls ------------------------------------------------------------------------
+
+
+async def test_traced_provider_capability_calls_reach_provider_as_spans(
+    state: SandboxState, span_exporter: InMemorySpanExporter
+) -> None:
+    """Each capability call gets the provider's result object and is a span with the identity."""
+    provider = WithConnect()
+    traced: Any = traced_provider(provider, state)
+    try:
+        handle = await traced.create(SandboxSpec())
+        pty_spec = PtySpec("sh")
+        endpoint = await traced.endpoint(handle, 8080)
+        session = await traced.create_pty(handle, pty_spec)
+        attached = await traced.attach_pty(handle, "s-1", takeover=False, since=0)
+        descriptor = await traced.serialize_handle(handle, scope="operate")
+        await traced.close(handle)
+    finally:
+        await traced.aclose()
+    assert [(m, a, k) for m, a, k, _ in provider.calls.seen] == [
+        ("endpoint", (handle, 8080), {}),
+        ("create_pty", (handle, pty_spec), {}),
+        ("attach_pty", (handle, "s-1"), {"takeover": False, "since": 0}),
+        ("serialize_handle", (handle,), {"scope": "operate"}),
+    ]
+    results = [result for _, _, _, result in provider.calls.seen]
+    assert [endpoint, session, attached, descriptor] == results
+    assert all(
+        mine is theirs
+        for mine, theirs in zip([endpoint, session, attached, descriptor], results, strict=True)
+    )
+    (created,) = spans(span_exporter, "sandbox.create")
+    names = ["sandbox.endpoint", "sandbox.pty.create", "sandbox.pty.attach", "sandbox.serialize"]
+    for name in names:
+        (span,) = spans(span_exporter, name)
+        assert identity(span) == identity(created), name
+        assert identity(span)[SANDBOX_ID] == handle.sandbox_id
+        values = [str(value) for value in (span.attributes or {}).values()]
+        assert not any("do-not-record" in v or "127.0.0.1" in v for v in values)
+
+
+async def test_traced_provider_capability_failure_reaches_caller_unchanged(
+    state: SandboxState, span_exporter: InMemorySpanExporter
+) -> None:
+    """A capability call that fails raises the provider's exception object; its span says so."""
+    provider = WithConnect()
+    traced: Any = traced_provider(provider, state)
+    stranger = SandboxHandle("not-a-sandbox", provider.name, None)
+    try:
+        with pytest.raises(RuntimeError, match="not-a-sandbox") as raised:
+            await traced.endpoint(stranger, 8080)
+        with pytest.raises(RuntimeError) as direct:
+            await provider.endpoint(stranger, 8080)
+    finally:
+        await provider.aclose()
+    assert type(raised.value) is type(direct.value)
+    assert str(raised.value) == str(direct.value)
+    (span,) = spans(span_exporter, "sandbox.endpoint")
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})["error.type"] == "RuntimeError"
+    assert (span.attributes or {})[SANDBOX_ID] == "not-a-sandbox"
+
+
+async def test_traced_provider_connect_handle_is_known_as_created(
+    state: SandboxState, span_exporter: InMemorySpanExporter
+) -> None:
+    """A handle from connect() has a request id, and its exec and close spans carry it."""
+    control_plane: dict[str, Any] = {}
+    creator = WithConnect(control_plane)
+    descriptor = await creator.serialize_handle(await creator.create(SandboxSpec()))
+    connecting = WithConnect(control_plane)
+    traced: Any = traced_provider(connecting, state)
+    try:
+        handle = await traced.connect(descriptor)
+        with state.active():
+            known = sandbox_identity(handle)
+        result = await traced.exec(handle, "echo connected")
+        assert result.stdout == "connected\n"
+        await traced.close(handle)
+    finally:
+        await creator.aclose()
+    assert handle is connecting.calls.seen[-1][3]
+    (connect,) = spans(span_exporter, "sandbox.connect")
+    assert identity(connect) == known
+    assert known[SANDBOX_ID] == descriptor["sandbox_id"]
+    assert len(str(known[REQUEST_ID])) == 32
+    (exec_span,) = spans(span_exporter, "sandbox.exec")
+    (close,) = spans(span_exporter, "sandbox.close")
+    assert identity(exec_span) == identity(close) == known
+    assert len(state.registry) == 0  # closed: forgotten like a created sandbox
+    assert spans(span_exporter, "sandbox.create") == []
+
+
+# --- through NeMo Gym's create_provider while instrumented ------------------------------------
+
+
+async def test_instrumented_nemo_gym_provider_keeps_its_capabilities(
+    tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter
+) -> None:
+    """A capable provider NeMo Gym builds under instrument() keeps exactly its capabilities."""
+    nemo_gym = nemo_gym_sandbox()
+    name = f"test_{uuid.uuid4().hex[:12]}"  # NeMo Gym's registry has no removal
+    nemo_gym.register_provider(name, WithPtyAttach)
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, connection_pool=False)
+    try:
+        provider = nemo_gym.create_provider({name: {}})
+        assert isinstance(provider, TracedSandboxProvider)
+        found = {protocol for protocol in PROTOCOLS if isinstance(provider, protocol)}
+        assert found == {SupportsEndpoint, SupportsPty, SupportsPtyAttach, HasResourceRead}
+        handle = await provider.create(SandboxSpec())
+        endpoint = await provider.endpoint(handle, 9000)
+        await provider.close(handle)
+        await provider.aclose()
+    finally:
+        instrumentor.uninstrument()
+    assert endpoint is provider.wrapped.calls.seen[0][3]
+    (span,) = spans(span_exporter, "sandbox.endpoint")
+    assert identity(span)[SANDBOX_ID] == handle.sandbox_id
+    assert identity(span)[PROVIDER] == "process"
