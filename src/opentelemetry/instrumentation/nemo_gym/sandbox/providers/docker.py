@@ -3,7 +3,8 @@
 It speaks to a unix socket (``DOCKER_HOST=unix://...``, default ``/var/run/docker.sock``) over
 its own aiohttp session, with no Docker SDK, and works with Docker and with Podman's
 Docker-compatible service. As a ``ResourceProvider`` it reads the allocation back from the
-container's ``HostConfig`` and samples usage from the stats endpoint.
+container's ``HostConfig`` and samples usage from the container's cgroup where this host can
+read it, else from the engine's stats endpoint (``_docker_usage``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources 
     allocation_from_inspect,
     daemon_scope,
     host_config,
-    sample_from_stats,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import (
     DockerEngineError,
     EngineClient,
@@ -105,6 +106,9 @@ class DockerSandboxProvider:
     """
 
     name = "docker"
+    # Samples from containers' cgroups where readable; False keeps every sample on the stats
+    # endpoint, as for a remote engine (the tests compare the two paths on one container).
+    _cgroup_sampling = True
 
     def __init__(
         self,
@@ -130,6 +134,7 @@ class DockerSandboxProvider:
         self._exec_timeout_s = exec_timeout_s
         self._open: dict[str, _Container] = {}
         self._daemon: dict[str, Any] | None = None
+        self._usage = ContainerUsage(self._api, self._inspect, cgroups=self._cgroup_sampling)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create, start and wait for a container, then upload ``spec.files``.
@@ -180,7 +185,8 @@ class DockerSandboxProvider:
             container = _Container(id=str(created["Id"]), name=name, workdir=workdir)
             self._open[container.id] = container
             await self._api.request("POST", f"/containers/{container.id}/start")
-            await self._wait_running(container, ready_timeout)
+            running = await self._wait_running(container, ready_timeout)
+            self._usage.locate(container.id, running)
             if spec.files:
                 await self._put(
                     container,
@@ -198,14 +204,16 @@ class DockerSandboxProvider:
             ) from exc
         return SandboxHandle(sandbox_id=container.id, provider_name=self.name, raw=container)
 
-    async def _wait_running(self, container: _Container, timeout_s: float) -> None:
+    async def _wait_running(self, container: _Container, timeout_s: float) -> dict[str, Any]:
+        """The container's inspect answer once it runs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         delay = 0.02
         while True:
-            state = (await self._inspect(container.id)).get("State") or {}
+            inspect = await self._inspect(container.id)
+            state = inspect.get("State") or {}
             if state.get("Running"):
-                return
+                return inspect
             if state.get("Status") in ("exited", "dead", "stopped"):
                 raise SandboxCreateError(
                     f"container exited before it was ready (exit code {state.get('ExitCode')})"
@@ -233,6 +241,7 @@ class DockerSandboxProvider:
         for key, container in list(self._open.items()):
             if name_or_id in (key, container.name):
                 del self._open[key]
+                self._usage.forget(key)
 
     async def exec(
         self,
@@ -354,6 +363,7 @@ class DockerSandboxProvider:
             if exc.status != 404:
                 raise
         self._open.pop(container.id, None)
+        self._usage.forget(container.id)
 
     async def aclose(self) -> None:
         """Remove the containers this provider created and did not close; close the session."""
@@ -370,24 +380,13 @@ class DockerSandboxProvider:
         return allocation_from_inspect(inspect, daemon)
 
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
-        """One usage sample: ``usage.oom_killed`` (the engine's word) and, once the container
-        has ended, ``usage.exit_code``; while it runs, the stats endpoint's cpu time, cpu
-        throttling, memory and pids."""
-        container = self._container(handle)
-        state = (await self._inspect(container.id)).get("State") or {}
-        sample: dict[str, Attribute] = {"usage.source": "docker.stats"}
-        if isinstance(state.get("OOMKilled"), bool):
-            sample["usage.oom_killed"] = state["OOMKilled"]
-        if state.get("Running"):
-            stats = await self._api.json(
-                "GET",
-                f"/containers/{container.id}/stats",
-                params={"stream": "false", "one-shot": "true"},
-            )
-            sample.update(sample_from_stats(stats))
-        elif isinstance(state.get("ExitCode"), int):
-            sample["usage.exit_code"] = state["ExitCode"]
-        return sample
+        """One usage sample: cpu time and throttling, memory and its peak, OOM kills, pids.
+
+        From the container's cgroup (``usage.source`` ``cgroup.v1``/``cgroup.v2``, with
+        ``usage.oom_kills``), or from the engine's stats endpoint (``docker.stats``, with the
+        engine's ``usage.oom_killed``); once the container has ended, ``usage.exit_code``.
+        """
+        return await self._usage.sample(self._container(handle).id)
 
     async def _inspect(self, container_id: str) -> dict[str, Any]:
         answer = await self._api.json("GET", f"/containers/{container_id}/json")

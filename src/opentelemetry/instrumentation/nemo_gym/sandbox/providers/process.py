@@ -33,6 +33,10 @@ from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import (
+    ProcScan,
+    proc_table,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
     MIB,
@@ -218,6 +222,8 @@ class ProcessSandboxProvider:
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
         self._max_output = max_output_bytes
         self._sandboxes: dict[str, _Sandbox] = {}
+        # Samples without a cgroup share one /proc scan per tick (see _proc_scan).
+        self._proc_scan = ProcScan()
         boot_id = _cgroups.read_text(Path("/proc/sys/kernel/random/boot_id"))
         self._boot_id = boot_id or None
         hostname = socket.gethostname()
@@ -453,7 +459,7 @@ class ProcessSandboxProvider:
             if cgroup is not None:
                 pids = _cgroups.cgroup_pids(cgroup)
             else:
-                pids = {p[0] for p in _cgroups.proc_table() if p[1] in state.sessions}
+                pids = {p[0] for p in proc_table() if p[1] in state.sessions}
             if not pids:
                 return
             for pid in pids:
@@ -491,14 +497,17 @@ class ProcessSandboxProvider:
 
         From the cgroup (``usage.source = "cgroup.v1"``/``"cgroup.v2"``), or from ``/proc``
         over the processes in the sandbox's sessions (``"proc"``: CPU time counts processes
-        seen alive at some sample, peak memory is the largest sampled figure).
+        seen alive at some sample, peak memory is the largest sampled figure). ``/proc``
+        samples of a provider share one scan of the process table per tick, which starts
+        after the sample is asked for, so a process started before the call is counted.
         """
         state = self._open(handle)
         if state.cgroup is not None:
             return _cgroups.cgroup_sample(state.cgroup)
+        sessions = await self._proc_scan.sessions()
         pids = memory = 0
-        for pid, session, start, cpu_s, rss in _cgroups.proc_table():
-            if session in state.sessions:
+        for session in state.sessions:
+            for pid, _, start, cpu_s, rss in sessions.get(session, ()):
                 pids += 1
                 memory += rss
                 state.proc_cpu[(pid, start)] = cpu_s
