@@ -71,6 +71,8 @@ def test_mount_directory_only_under_its_root() -> None:
     assert mount.directory("/kubepods/pod10/abc") is None
     assert mount.directory("/system.slice/x") is None
     assert Mount("/", Path("/c")).directory("/a/b") == Path("/c/a/b")
+    # Outside this process's cgroup namespace: never a directory above the mount.
+    assert Mount("/", Path("/c")).directory(f"/../../docker/{CID}") is None
 
 
 def test_parse_proc_cgroup_hybrid() -> None:

@@ -28,7 +28,13 @@ class Mount:
 
     def directory(self, cgroup_path: str) -> Path | None:
         """The directory of ``cgroup_path`` (as ``/proc/<pid>/cgroup`` names it) under this
-        mount, or ``None`` when the mount does not show that part of the hierarchy."""
+        mount, or ``None`` when the mount does not show that part of the hierarchy.
+
+        A process outside this process's cgroup namespace shows as ``/../..`` paths, which
+        no mount here shows: those give ``None`` too, never a directory outside the mount.
+        """
+        if ".." in cgroup_path.split("/"):
+            return None
         root = self.root.rstrip("/")
         if cgroup_path != root and not cgroup_path.startswith(root + "/"):
             return None

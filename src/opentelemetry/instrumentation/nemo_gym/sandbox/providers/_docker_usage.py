@@ -17,6 +17,7 @@ is counted too. The stats path can only report the engine's ``State.OOMKilled`` 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import At
 
 __all__ = ["ContainerUsage"]
 
+LOGGER = logging.getLogger(__name__)
 STATS_SOURCE = "docker.stats"
 
 
@@ -68,11 +70,15 @@ class ContainerUsage:
         self._located: dict[str, _Located] = {}
 
     def locate(self, container_id: str, inspect: dict[str, Any]) -> None:
-        """Find the container's cgroup from an inspect answer taken while it runs."""
+        """Find the container's cgroup from an inspect answer taken while it runs. Never
+        raises: this runs inside ``create``, which telemetry must not fail."""
         cgroup = None
         if self._cgroups:
-            pid = (inspect.get("State") or {}).get("Pid")
-            cgroup = container_cgroup(pid, container_id)
+            try:
+                pid = (inspect.get("State") or {}).get("Pid")
+                cgroup = container_cgroup(pid, container_id)
+            except Exception as exc:  # noqa: BLE001 - the stats endpoint still answers
+                LOGGER.debug("container %s: cgroup not located: %r", container_id, exc)
         self._located[container_id] = _Located(cgroup)
 
     def forget(self, container_id: str) -> None:
