@@ -9,6 +9,11 @@ engine whose cgroups we cannot read) each sample is an inspect plus the stats en
 inspect answer the provider already has at create (or, for a handle made elsewhere, at its
 first sample), and is not looked for again once it has been found missing.
 
+The two paths give the same figures for one container (the engine reads the same cgroup
+files), with one difference: on cgroup v2, Podman's stats report memory as ``memory.current``
+less ``inactive_file``, as ``docker stats`` shows it; ours is ``memory.current``, as the
+process provider's is.
+
 OOM kills: the cgroup path reports ``usage.oom_kills``, the kernel's cumulative count for the
 container's memory cgroup, so a process ``exec``'d into a container that survives its kill
 is counted too. The stats path can only report the engine's ``State.OOMKilled`` flag
