@@ -1,22 +1,38 @@
-"""CPU per sandbox resource sample, and the CPU share of sampling many sandboxes every second.
+"""What one sandbox usage sample costs end to end, per source, and at fleet scale.
 
-For ``ProcessSandboxProvider`` both ways it samples are measured: from each sandbox's cgroup
-(where this process may create cgroups, e.g. as root) and from ``/proc`` (``cgroups=False``,
-which scans the process table). ``DockerSandboxProvider`` is measured too when a
-Docker-compatible engine answers (``DOCKER_HOST``, ``/var/run/docker.sock``, or the socket of
-``scripts/start-podman.sh``) and has the image.
+Sources (one row each, where available here):
 
-Each provider gets ``--sandboxes`` sandboxes, each running one idle background process, then:
+* ``process (cgroup vN)``: ``ProcessSandboxProvider`` reading each sandbox's cgroup (where
+  this process may create cgroups, e.g. as root);
+* ``process (/proc)``: ``ProcessSandboxProvider(cgroups=False)``: the shared ``/proc`` scan;
+* ``docker (cgroup vN)``: ``DockerSandboxProvider`` reading the containers' cgroups;
+* ``docker (stats)``: the same containers through the engine's stats endpoint, as for an
+  engine on another machine (the provider with cgroup sampling off).
 
-1. **direct**: ``resource_sample(handle)`` over every sandbox, ``--rounds`` times; CPU per
-   sample is ``time.process_time`` over the loop divided by the number of samples. For Docker
-   the engine's own CPU is reported beside it (read from ``/proc`` for the daemon's process).
-2. **live**: one ``ResourceSampler`` per sandbox with a 1 s interval, exporting spans through
-   an SDK tracer provider (batch processor, discarding exporter), for ``--live-seconds``; the
-   CPU share is this process's CPU time over that window divided by its length.
+Docker rows need a Docker-compatible engine (``--engine-socket``, ``DOCKER_HOST``,
+``/var/run/docker.sock``, or ``scripts/start-podman.sh``'s socket) with the image.
 
-The projection "N sandboxes sampled every second" is N x CPU per sample, as a share of one
-core. Run from the repository root: ``python benchmarks/sampler_cost.py`` (``--help``).
+For each source, after a warm-up, ``--rounds`` ticks: every sandbox sampled at once
+(``asyncio.gather`` of ``resource_sample``, the way samplers of one interval meet):
+
+* **plugin**: this process's CPU (``time.process_time``, all threads) per sample, median over
+  ticks;
+* **engine**: the container engine's CPU per sample, its whole process tree read from
+  ``/proc`` (the process serving the socket and its descendants, reaped children included)
+  over all ticks; other clients of a shared engine inflate it, so measure against a service
+  of your own for clean figures;
+* **record**: one ``sandbox.resources`` record of that source's sample
+  (``ResourceSampler.record`` over a provider that answers at once, span ended, batched and
+  encoded as OTLP protobuf by the exporter thread, flushed in the window), per record.
+
+Projection: 1,000 sandboxes each sampled every ``--interval`` seconds (default 10, the
+default ``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL``) and every 1 s, as a share of one
+core: 1,000 x (plugin + engine + record) / interval. The alternatives to a full record per
+sample are measured too (a bare span, and skipping a sample equal to the previous one).
+``--live-seconds`` > 0 adds a live run per source: one ``ResourceSampler`` per sandbox every
+1 s, spans exported; this process's CPU share over the window.
+
+Run from the repository root: ``python benchmarks/sampler_cost.py`` (``--help``).
 """
 
 from __future__ import annotations
@@ -25,19 +41,26 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
-import struct
 import sys
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from _common import DiscardingSpanExporter, median, require_at_least, run_and_report
 from _common import machine as machine_facts
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+from _common import median, require_at_least, run_and_report
+from _sampler_parts import (
+    EncodingSpanExporter,
+    engine_socket,
+    sample_keys,
+    serving_pid,
+    tree_cpu_s,
+)
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
@@ -54,56 +77,30 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceSampler,
 )
 
-PODMAN_SOCKET = "/run/nemo-gym-podman/podman.sock"
 DEFAULT_IMAGE = "localhost/nemo-gym-busybox:latest"
 LIVE_INTERVAL_S = 1.0
+FLEET = 1000
 
 
-class CountingSpanExporter(DiscardingSpanExporter):
-    """Discards spans but counts the resource samples among them."""
+class _StatsOnlyDocker(DockerSandboxProvider):
+    """Every sample through the stats endpoint, as for a remote engine."""
 
-    def __init__(self) -> None:
-        self.samples = 0
-
-    def export(self, spans: Any) -> SpanExportResult:
-        batch: list[ReadableSpan] = list(spans)
-        self.samples += sum(
-            1 for s in batch if (s.attributes or {}).get(PREFIX + "resource.kind") == "sample"
-        )
-        return SpanExportResult.SUCCESS
+    _cgroup_sampling = False
 
 
-def _engine_socket() -> str | None:
-    """The unix socket of a Docker-compatible engine that accepts connections, if any."""
-    host = os.environ.get("DOCKER_HOST", "")
-    candidates = [host.removeprefix("unix://")] if host.startswith("unix://") else []
-    candidates += ["/var/run/docker.sock", PODMAN_SOCKET]
-    for path in candidates:
-        if not path or not Path(path).exists():
-            continue
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(2)
-            try:
-                probe.connect(path)
-            except OSError:
-                continue
-        return path
-    return None
+class _Answering:
+    """A provider whose sample is a fixed answer: what is left is the record's own cost."""
 
+    name = "docker"
 
-def _peer_cpu_s(socket_path: str) -> float | None:
-    """CPU seconds used so far by the process serving ``socket_path`` (Linux peer credentials)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.connect(socket_path)
-            creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid = struct.unpack("3i", creds)[0]
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # utime, stime, cutime, cstime (fields 14-17 of stat; index 11-14 after the name).
-        ticks = sum(int(value) for value in fields[11:15])
-        return ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, struct.error):
-        return None
+    def __init__(self, sample: Mapping[str, Any]) -> None:
+        self._sample = dict(sample)
+
+    async def resource_allocation(self, handle: SandboxHandle) -> Any:
+        raise NotImplementedError
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Any]:
+        return dict(self._sample)
 
 
 @contextlib.asynccontextmanager
@@ -120,132 +117,162 @@ async def _sandboxes(provider: Any, count: int, spec: SandboxSpec) -> AsyncItera
         for handle in handles:
             with contextlib.suppress(Exception):
                 await provider.close(handle)
-        aclose = getattr(provider, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        with contextlib.suppress(Exception):
+            await provider.aclose()
 
 
-async def _measure(
+async def _ticks(
+    provider: Any, handles: list[Any], rounds: int, engine_pid: int | None
+) -> dict[str, Any]:
+    """Plugin and engine CPU per sample over ``rounds`` ticks of every sandbox at once."""
+    first = await asyncio.gather(*(provider.resource_sample(h) for h in handles))  # warm-up
+    per_tick: list[float] = []
+    engine_before = tree_cpu_s(engine_pid) if engine_pid else None
+    for _ in range(rounds):
+        start = time.process_time()
+        await asyncio.gather(*(provider.resource_sample(h) for h in handles))
+        per_tick.append((time.process_time() - start) / len(handles))
+    engine_after = tree_cpu_s(engine_pid) if engine_pid else None
+    engine_us = None
+    if engine_before is not None and engine_after is not None:
+        engine_us = (engine_after - engine_before) / (rounds * len(handles)) * 1e6
+    sample = sample_keys(first[0])
+    return {
+        "usage_source": sample.get(PREFIX + "usage.source"),
+        "plugin_us": median(per_tick) * 1e6,
+        "engine_us": engine_us,
+        "sample": {k: v for k, v in sample.items() if isinstance(v, str | int | float | bool)},
+    }
+
+
+def _identity(provider_name: str) -> dict[str, Any]:
+    return {
+        PREFIX + "provider": provider_name,
+        PREFIX + "id": uuid.uuid4().hex + uuid.uuid4().hex,
+        PREFIX + "request.id": uuid.uuid4().hex,
+    }
+
+
+async def _record_us(sample: Mapping[str, Any], count: int) -> float:
+    """CPU per ``ResourceSampler.record("sample")`` of ``sample``, exported and flushed."""
+    handle = SandboxHandle("benchmark", "docker", None)
+    sampler = ResourceSampler(_Answering(sample), handle, _identity("docker"), 10.0)
+    provider = trace.get_tracer_provider()
+    for _ in range(min(count, 100)):  # warm-up
+        await sampler.record("sample")
+    provider.force_flush()  # type: ignore[attr-defined]
+    start = time.process_time()
+    for _ in range(count):
+        await sampler.record("sample")
+    provider.force_flush()  # type: ignore[attr-defined]
+    return (time.process_time() - start) / count * 1e6
+
+
+def _alternatives_us(sample: Mapping[str, Any], count: int) -> dict[str, float]:
+    """CPU per sample of what could replace a full record: a bare span with the same
+    attributes (no sampler machinery), and dropping a sample equal to the previous one."""
+    tracer = trace.get_tracer("sampler_cost")
+    attributes = {**_identity("docker"), **sample}
+    provider = trace.get_tracer_provider()
+    provider.force_flush()  # type: ignore[attr-defined]
+    start = time.process_time()
+    for _ in range(count):
+        tracer.start_span("sandbox.resources", attributes=attributes).end()
+    provider.force_flush()  # type: ignore[attr-defined]
+    bare = (time.process_time() - start) / count * 1e6
+    previous = dict(sample)
+    start = time.process_time()
+    skipped = 0
+    for _ in range(count):
+        if dict(sample) == previous:
+            skipped += 1
+    unchanged = (time.process_time() - start) / count * 1e6
+    assert skipped == count
+    return {"bare_span_us": bare, "unchanged_skipped_us": unchanged}
+
+
+async def _live_share(provider: Any, handles: list[Any], seconds: float) -> float:
+    samplers = [
+        ResourceSampler(provider, h, _identity(provider.name), LIVE_INTERVAL_S) for h in handles
+    ]
+    for sampler in samplers:
+        sampler.start()
+    await asyncio.sleep(LIVE_INTERVAL_S)  # every sampler past its first tick
+    start = time.process_time()
+    await asyncio.sleep(seconds)
+    share = (time.process_time() - start) / seconds
+    await asyncio.gather(*(sampler.stop() for sampler in samplers))
+    return share
+
+
+async def _row(
     label: str,
     provider: Any,
-    spec: SandboxSpec,
+    handles: list[Any],
     args: argparse.Namespace,
-    exporter: CountingSpanExporter,
-    sandboxes: int,
-    engine_socket: str | None = None,
+    engine_pid: int | None = None,
 ) -> dict[str, Any]:
-    created = time.perf_counter()
-    async with _sandboxes(provider, sandboxes, spec) as handles:
-        setup_s = time.perf_counter() - created
-        first = await provider.resource_sample(handles[0])
-        source = first.get(PREFIX + "usage.source", first.get("usage.source"))
-        for handle in handles:  # warm-up
-            await provider.resource_sample(handle)
-
-        per_round: list[float] = []
-        engine_before = _peer_cpu_s(engine_socket) if engine_socket else None
-        wall_start = time.perf_counter()
-        for _ in range(args.rounds):
-            start = time.process_time()
-            for handle in handles:
-                await provider.resource_sample(handle)
-            per_round.append((time.process_time() - start) / len(handles))
-        wall_per_sample = (time.perf_counter() - wall_start) / (args.rounds * len(handles))
-        engine_after = _peer_cpu_s(engine_socket) if engine_socket else None
-        cpu_per_sample = median(per_round)
-
-        samplers = [
-            ResourceSampler(provider, h, {PREFIX + "id": h.sandbox_id}, LIVE_INTERVAL_S)
-            for h in handles
-        ]
-        exported_before = exporter.samples
-        for sampler in samplers:
-            sampler.start()
-        # Let every sampler reach its first tick before the window opens.
-        await asyncio.sleep(LIVE_INTERVAL_S)
-        live_start = time.process_time()
-        await asyncio.sleep(args.live_seconds)
-        live_cpu = time.process_time() - live_start
-        await asyncio.gather(*(sampler.stop() for sampler in samplers))
-        trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
-        live_samples = exporter.samples - exported_before
-
-    result: dict[str, Any] = {
-        "provider": label,
-        "usage_source": source,
-        "sandboxes": len(handles),
-        "setup_s": setup_s,
-        "cpu_us_per_sample": cpu_per_sample * 1e6,
-        "wall_us_per_sample": wall_per_sample * 1e6,
-        "projected_cpu_share_200_per_s": 200 * cpu_per_sample / LIVE_INTERVAL_S,
-        "projected_cpu_share_per_s": len(handles) * cpu_per_sample / LIVE_INTERVAL_S,
-        "live_seconds": args.live_seconds,
-        "live_cpu_share": live_cpu / args.live_seconds,
-        "live_samples_exported": live_samples,
-    }
-    if engine_before is not None and engine_after is not None:
-        result["engine_cpu_us_per_sample"] = (
-            (engine_after - engine_before) / (args.rounds * len(handles)) * 1e6
-        )
-    return result
+    row: dict[str, Any] = {"source": label, "sandboxes": len(handles)}
+    row.update(await _ticks(provider, handles, args.rounds, engine_pid))
+    row["record_us"] = await _record_us(row["sample"], args.records)
+    total = row["plugin_us"] + (row["engine_us"] or 0.0) + row["record_us"]
+    row["total_us"] = total
+    row["fleet_share_default"] = FLEET * total / 1e6 / args.interval
+    row["fleet_share_1s"] = FLEET * total / 1e6
+    if args.live_seconds > 0:
+        row["live_cpu_share"] = await _live_share(provider, handles, args.live_seconds)
+    return row
 
 
 async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    exporter = CountingSpanExporter()
+    exporter = EncodingSpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(tracer_provider)
-    spec = SandboxSpec(resources={"cpu": 0.5, "memory_mib": 256})
-    results: list[dict[str, Any]] = []
+    # The fleet counters (gym.sandbox.oom_kills) are fed by every record: a real SDK.
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    spec = SandboxSpec(resources={"cpu": 0.5, "memory_mib": 64})
 
     cgroup_provider = ProcessSandboxProvider(cgroups=True, cgroup_parent="nemo_gym_benchmark")
-    if cgroup_provider.cgroup_version is not None:
-        results.append(
-            await _measure(
-                f"process (cgroup v{cgroup_provider.cgroup_version})",
-                cgroup_provider,
-                spec,
-                args,
-                exporter,
-                args.sandboxes,
-            )
-        )
-    else:
+    if cgroup_provider.cgroup_version is None:
         skipped["process (cgroup)"] = "no writable cgroup hierarchy here (run as root)"
-    results.append(
-        await _measure(
-            "process (/proc)",
-            ProcessSandboxProvider(cgroups=False),
-            SandboxSpec(),
-            args,
-            exporter,
-            args.sandboxes,
-        )
-    )
+    else:
+        label = f"process (cgroup v{cgroup_provider.cgroup_version})"
+        async with _sandboxes(cgroup_provider, args.sandboxes, spec) as handles:
+            rows.append(await _row(label, cgroup_provider, handles, args))
+    proc_provider = ProcessSandboxProvider(cgroups=False)
+    async with _sandboxes(proc_provider, args.sandboxes, SandboxSpec()) as handles:
+        rows.append(await _row("process (/proc)", proc_provider, handles, args))
 
-    engine = _engine_socket() if args.docker_sandboxes > 0 else None
-    if engine is None:
+    socket_path = engine_socket(args.engine_socket) if args.docker_sandboxes > 0 else None
+    if socket_path is None:
         skipped["docker"] = (
             "no Docker-compatible engine answers (start one with scripts/start-podman.sh)"
             if args.docker_sandboxes > 0
             else "--docker-sandboxes 0"
         )
     else:
+        engine_pid = serving_pid(socket_path)
+        docker = DockerSandboxProvider(f"unix://{socket_path}")
+        stats = _StatsOnlyDocker(f"unix://{socket_path}")
+        container_spec = SandboxSpec(image=args.image, resources=spec.resources)
         try:
-            results.append(
-                await _measure(
-                    "docker",
-                    DockerSandboxProvider(f"unix://{engine}"),
-                    SandboxSpec(image=args.image, resources={"cpu": 0.5, "memory_mib": 256}),
-                    args,
-                    exporter,
-                    args.docker_sandboxes,
-                    engine_socket=engine,
-                )
-            )
+            async with _sandboxes(docker, args.docker_sandboxes, container_spec) as handles:
+                first = await docker.resource_sample(handles[0])
+                source = str(sample_keys(first)[PREFIX + "usage.source"])
+                label = f"docker ({source.replace('.', ' ')})"
+                rows.append(await _row(label, docker, handles, args, engine_pid))
+                rows.append(await _row("docker (stats)", stats, handles, args, engine_pid))
         except Exception as error:
-            skipped["docker"] = f"engine at {engine} failed: {error!r}"
+            skipped["docker"] = f"engine at {socket_path} failed: {error!r}"
+        finally:
+            await stats.aclose()
+    richest = max(rows, key=lambda r: len(r["sample"]))
+    alternatives = _alternatives_us(richest["sample"], args.records)
+    alternatives["record_us"] = richest["record_us"]
+    alternatives["of"] = richest["source"]
     tracer_provider.shutdown()
     return {
         "benchmark": "sampler_cost",
@@ -255,40 +282,50 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "sandboxes": args.sandboxes,
             "docker_sandboxes": args.docker_sandboxes,
             "rounds": args.rounds,
+            "records": args.records,
+            "interval_s": args.interval,
             "live_seconds": args.live_seconds,
-            "interval_s": LIVE_INTERVAL_S,
+            "export": exporter.encoding,
+            "engine_pid": None if socket_path is None else serving_pid(socket_path),
         },
-        "results": results,
+        "results": rows,
+        "alternatives": alternatives,
         "skipped": skipped,
     }
 
 
+def _us(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
 def _print(result: dict[str, Any]) -> None:
     config = result["config"]
+    interval = config["interval_s"]
     print(
-        f"\n{config['rounds']} direct samples per sandbox; live: 1 sampler per sandbox every "
-        f"{config['interval_s']:g} s for {config['live_seconds']:g} s"
+        f"\n{config['rounds']} ticks (every sandbox sampled at once); records exported as "
+        f"{config['export']}; {FLEET:,} sandboxes projected at {interval:g} s and 1 s\n"
     )
-    header = (
-        f"{'provider':<20} {'source':<10} {'sandboxes':>9} {'CPU us/sample':>13} "
-        f"{'200/s projected':>15} {'live CPU share':>14} {'engine us/sample':>16}"
+    print(
+        f"| source | sandboxes | plugin µs/sample | engine µs/sample | record µs/sample | "
+        f"total µs/sample | {FLEET:,} every {interval:g} s | {FLEET:,} every 1 s | live |"
     )
-    print(header)
-    print("-" * len(header))
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in result["results"]:
-        engine = row.get("engine_cpu_us_per_sample")
+        live = row.get("live_cpu_share")
         print(
-            f"{row['provider']:<20} {row['usage_source']!s:<10} {row['sandboxes']:>9} "
-            f"{row['cpu_us_per_sample']:>13.0f} {row['projected_cpu_share_200_per_s']:>15.1%} "
-            f"{row['live_cpu_share']:>14.1%} "
-            f"{'-' if engine is None else f'{engine:.0f}':>16}"
+            f"| {row['source']} | {row['sandboxes']} | {_us(row['plugin_us'])} | "
+            f"{_us(row['engine_us'])} | {_us(row['record_us'])} | {_us(row['total_us'])} | "
+            f"{row['fleet_share_default']:.1%} | {row['fleet_share_1s']:.0%} | "
+            f"{'–' if live is None else f'{live:.1%}'} |"
         )
+    alternatives = result["alternatives"]
+    print(
+        f"\nper sample of {alternatives['of']}: full record {alternatives['record_us']:.1f} µs; "
+        f"bare span, same attributes {alternatives['bare_span_us']:.1f} µs; "
+        f"unchanged sample skipped {alternatives['unchanged_skipped_us']:.2f} µs"
+    )
     for name, reason in result["skipped"].items():
         print(f"skipped {name}: {reason}")
-    print(
-        "live CPU share: this process's CPU over the window / its length, sampling all the "
-        "provider's sandboxes each second and exporting the spans."
-    )
 
 
 def main() -> None:
@@ -297,10 +334,17 @@ def main() -> None:
     )
     parser.add_argument("--sandboxes", type=int, default=200, help="process sandboxes")
     parser.add_argument(
-        "--docker-sandboxes", type=int, default=10, help="containers (0 skips Docker)"
+        "--docker-sandboxes", type=int, default=12, help="containers (0 skips Docker)"
     )
-    parser.add_argument("--rounds", type=int, default=10, help="direct samples per sandbox")
-    parser.add_argument("--live-seconds", type=float, default=10.0, help="live window")
+    parser.add_argument("--rounds", type=int, default=15, help="ticks per source")
+    parser.add_argument("--records", type=int, default=2000, help="records timed per source")
+    parser.add_argument(
+        "--interval", type=float, default=10.0, help="sampling interval projected (s)"
+    )
+    parser.add_argument(
+        "--live-seconds", type=float, default=0.0, help="live window per source (0: none)"
+    )
+    parser.add_argument("--engine-socket", default=None, help="engine's unix socket path")
     parser.add_argument(
         "--image",
         default=os.environ.get("NEMO_GYM_TEST_IMAGE", DEFAULT_IMAGE),
@@ -308,10 +352,10 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
-    require_at_least(parser, args, 1, "sandboxes", "rounds")
-    require_at_least(parser, args, 0, "docker_sandboxes")
-    if not args.live_seconds > 0:
-        parser.error("--live-seconds must be positive")
+    require_at_least(parser, args, 1, "sandboxes", "rounds", "records")
+    require_at_least(parser, args, 0, "docker_sandboxes", "live_seconds")
+    if not args.interval > 0:
+        parser.error("--interval must be positive")
     run_and_report(args, _benchmark, _print)
 
 

@@ -247,9 +247,11 @@ def new_oom_kills(previous: Mapping[str, Any] | None, current: Mapping[str, Any]
     """OOM kills that happened between two usage samples of one sandbox (``previous`` is
     ``None`` for its first sample).
 
-    Reads ``usage.oom_kills`` (a cumulative count: cgroups' ``oom_kill``) as the difference,
-    else ``usage.oom_killed`` (a sticky flag: the Docker engine's ``OOMKilled``) as 1 when it
-    turns true. Absent or odd values count 0. Pure.
+    Reads ``usage.oom_kills`` (a cumulative count: the ``oom_kill`` of a process sandbox's or
+    a container's memory cgroup, which also counts a process ``exec``'d into a container that
+    survives) as the difference, else ``usage.oom_killed`` (a sticky flag: the Docker
+    engine's ``OOMKilled``, about the container's main process only, all a remote engine
+    tells) as 1 when it turns true. Absent or odd values count 0. Pure.
     """
     count = _usage(current, "oom_kills")
     if _is_count(count):

@@ -1,4 +1,4 @@
-"""Cgroup and ``/proc`` plumbing for the process sandbox provider.
+"""Cgroup plumbing for the process sandbox provider (and cgroup reading for the Docker one).
 
 Finds writable cgroup hierarchies (v1 or v2), creates and configures one cgroup per sandbox,
 reads back the limits the kernel enforces and the usage it accounts, and removes the cgroup.
@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import (
+    CONTROLLERS,
+    read_file,
+    read_mounts,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     MIB,
     SandboxResourceAmounts,
@@ -29,7 +34,6 @@ LOGGER = logging.getLogger(__name__)
 CFS_PERIOD_US = 100_000
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (about 2**63).
 _V1_UNLIMITED = 1 << 62
-_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
 _RMDIR_ROUNDS = 200
 _RMDIR_PAUSE_S = 0.01
 
@@ -43,10 +47,7 @@ JOIN_SCRIPT = 'c=$1; shift; for f do echo $$ >"$f" || exit 125; done; exec /bin/
 
 
 def read_text(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+    return read_file(path)
 
 
 def _read_int(path: Path) -> int | None:
@@ -85,22 +86,11 @@ class Layout:
 def discover_layout() -> Layout | None:
     """Writable cgroup hierarchies from ``/proc/self/mountinfo``; v1 first (a hybrid machine
     binds cpu and memory to v1, leaving its v2 hierarchy without them), else v2."""
-    v1: dict[str, Path] = {}
-    v2: Path | None = None
-    for line in (read_text(Path("/proc/self/mountinfo")) or "").splitlines():
-        left, _, right = line.partition(" - ")
-        mount_fields, fs_fields = left.split(), right.split()
-        if len(mount_fields) < 5 or len(fs_fields) < 3:
-            continue
-        mount_point = Path(mount_fields[4].replace("\\040", " "))
-        if fs_fields[0] == "cgroup":
-            for option in fs_fields[2].split(","):
-                if option in _CONTROLLERS:
-                    v1.setdefault(option, mount_point)
-        elif fs_fields[0] == "cgroup2" and v2 is None:
-            v2 = mount_point
+    mounts = read_mounts()
+    v1 = {c: m.point for c, m in mounts.v1.items() if c in CONTROLLERS}
     if "cpu" in v1 and "memory" in v1 and all(os.access(p, os.W_OK) for p in v1.values()):
         return Layout(1, v1)
+    v2 = None if mounts.v2 is None else mounts.v2.point
     if v2 is not None and os.access(v2, os.W_OK):
         available = set((read_text(v2 / "cgroup.controllers") or "").split())
         if {"cpu", "memory"} <= available:
@@ -226,31 +216,44 @@ def oom_kills(cgroup: Cgroup | None) -> int | None:
     return _read_keyed(cgroup.file("memory", "memory.events")).get("oom_kill")
 
 
-def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
-    usage = PREFIX + "usage."
-    sample: dict[str, Attribute] = {usage + "source": f"cgroup.v{cgroup.version}"}
-    cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
+def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
+    """What the kernel accounts for ``cgroup``, by quantity (``cpu.time_s``,
+    ``cpu.throttled_s``, ``cpu.throttled_periods``, ``memory_mib``, ``memory_peak_mib``,
+    ``oom_kills``, ``pids``); a figure the kernel does not offer is left out. ``None`` when
+    the memory usage cannot be read: the cgroup is gone (its processes ended and it was
+    removed) or this process may not read it.
+
+    OOM kills: v2 ``memory.events`` ``oom_kill`` counts kills in the cgroup and its
+    descendants; v1 ``memory.oom_control`` ``oom_kill`` (Linux 4.13+) counts kills charged to
+    this memory cgroup; older v1 kernels offer no count, and the figure is left out.
+    """
     if cgroup.version == 1:
+        memory = _read_int(cgroup.file("memory", "memory.usage_in_bytes"))
+        if memory is None:
+            return None
+        cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat")) if cgroup.has("cpu") else {}
         cpu_ns = (
             _read_int(cgroup.file("cpuacct", "cpuacct.usage")) if cgroup.has("cpuacct") else None
         )
         cpu_s = None if cpu_ns is None else cpu_ns / 1e9
         throttled = cpu_stat.get("throttled_time")
         throttled_s = None if throttled is None else throttled / 1e9
-        memory = _read_int(cgroup.file("memory", "memory.usage_in_bytes"))
         peak = _read_int(cgroup.file("memory", "memory.max_usage_in_bytes"))
     else:
+        memory = _read_int(cgroup.file("memory", "memory.current"))
+        if memory is None:
+            return None
+        cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
         usage_us = cpu_stat.get("usage_usec")
         cpu_s = None if usage_us is None else usage_us / 1e6
         throttled = cpu_stat.get("throttled_usec")
         throttled_s = None if throttled is None else throttled / 1e6
-        memory = _read_int(cgroup.file("memory", "memory.current"))
         peak = _read_int(cgroup.file("memory", "memory.peak"))
     values: dict[str, float | int | None] = {
         "cpu.time_s": None if cpu_s is None else round(cpu_s, 6),
         "cpu.throttled_s": None if throttled_s is None else round(throttled_s, 6),
         "cpu.throttled_periods": cpu_stat.get("nr_throttled"),
-        "memory_mib": None if memory is None else round(memory / MIB, 3),
+        "memory_mib": round(memory / MIB, 3),
         "memory_peak_mib": None if peak is None else round(peak / MIB, 3),
         "oom_kills": oom_kills(cgroup),
         "pids": (
@@ -259,42 +262,15 @@ def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
             else len(cgroup_pids(cgroup))
         ),
     }
-    sample.update({usage + k: v for k, v in values.items() if v is not None})
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
+    """``cgroup_usage`` as sample attributes under ``PREFIX``, with ``usage.source``."""
+    usage = PREFIX + "usage."
+    sample: dict[str, Attribute] = {usage + "source": f"cgroup.v{cgroup.version}"}
+    sample.update({usage + k: v for k, v in (cgroup_usage(cgroup) or {}).items()})
     return sample
-
-
-def proc_table() -> list[tuple[int, int, int, float, int]]:
-    """Every live process as (pid, session, start time, CPU seconds, RSS bytes), from ``/proc``.
-
-    Zombies are left out: they are dead, hold no memory, and wait only for their parent (for
-    orphans, whatever init this machine has) to reap them.
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
-    table = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        stat = read_text(Path(entry.path) / "stat")
-        if stat is None:
-            continue
-        # Fields after the command name, which is in parentheses and may hold spaces.
-        rest = stat.rpartition(")")[2].split()
-        if not rest or rest[0] == "Z":
-            continue
-        try:
-            table.append(
-                (
-                    int(entry.name),
-                    int(rest[3]),
-                    int(rest[19]),
-                    (int(rest[11]) + int(rest[12])) / tick,
-                    int(rest[21]) * page,
-                )
-            )
-        except (IndexError, ValueError):
-            continue
-    return table
 
 
 async def remove_cgroup(cgroup: Cgroup) -> None:

@@ -3,7 +3,8 @@
 It speaks to a unix socket (``DOCKER_HOST=unix://...``, default ``/var/run/docker.sock``) over
 its own aiohttp session, with no Docker SDK, and works with Docker and with Podman's
 Docker-compatible service. As a ``ResourceProvider`` it reads the allocation back from the
-container's ``HostConfig`` and samples usage from the stats endpoint.
+container's ``HostConfig`` and samples usage from the container's cgroup where this host can
+read it, else from the engine's stats endpoint (``_docker_usage``).
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ import os
 import posixpath
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_container import (
+    EXEC_WRAPPER,
+    KEEP_ALIVE,
+    KILL_TREE,
+    STATUS,
+    Container,
+    split_pid,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
     _nested,
     allocation_from_inspect,
     daemon_scope,
     host_config,
-    sample_from_stats,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import (
     DockerEngineError,
     EngineClient,
@@ -52,43 +60,9 @@ __all__ = ["DockerEngineError", "DockerSandboxProvider"]
 
 # Label on every container this provider creates, so operators can find them.
 PROVIDER_LABEL = "nemo.gym.sandbox.provider"
-# Keeps the container alive until it is removed; TERM ends it at once.
-_KEEP_ALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
-# Runs an exec's command after printing the shell's PID, so a timed-out command can be killed:
-# the exec API itself has no way to stop what it started.
-_EXEC_WRAPPER = 'echo "$$"; exec /bin/sh -c "$1"'
-# Stops a process and its descendants (through /proc/<pid>/task/<pid>/children), parents first
-# so none spawns a new child meanwhile.
-_KILL_TREE = (
-    'k() { kill -STOP "$1" 2>/dev/null; '
-    'for c in $(cat /proc/"$1"/task/"$1"/children 2>/dev/null); do k "$c"; done; '
-    'kill -KILL "$1" 2>/dev/null; }; k "$1"'
-)
 # The return code of an exec whose command did not finish in time: the shared constant, under
 # the name this module has always exported.
 TIMEOUT_RETURN_CODE = EXEC_TIMEOUT_RETURN_CODE
-_STATUS = {
-    "created": SandboxStatus.STARTING,
-    "configured": SandboxStatus.STARTING,
-    "initialized": SandboxStatus.STARTING,
-    "restarting": SandboxStatus.STARTING,
-    "running": SandboxStatus.RUNNING,
-    "paused": SandboxStatus.RUNNING,
-    "stopping": SandboxStatus.RUNNING,
-    "exited": SandboxStatus.STOPPED,
-    "stopped": SandboxStatus.STOPPED,
-    "removing": SandboxStatus.STOPPED,
-    "dead": SandboxStatus.ERROR,
-}
-
-
-@dataclass(frozen=True)
-class _Container:
-    """The provider's state in ``SandboxHandle.raw``."""
-
-    id: str
-    name: str
-    workdir: str
 
 
 class DockerSandboxProvider:
@@ -105,6 +79,9 @@ class DockerSandboxProvider:
     """
 
     name = "docker"
+    # Samples from containers' cgroups where readable; False keeps every sample on the stats
+    # endpoint, as for a remote engine (the tests compare the two paths on one container).
+    _cgroup_sampling = True
 
     def __init__(
         self,
@@ -128,8 +105,9 @@ class DockerSandboxProvider:
         self._api = EngineClient(socket_path(host), api_timeout_s)
         self._ready_timeout_s = ready_timeout_s
         self._exec_timeout_s = exec_timeout_s
-        self._open: dict[str, _Container] = {}
+        self._open: dict[str, Container] = {}
         self._daemon: dict[str, Any] | None = None
+        self._usage = ContainerUsage(self._api, self._inspect, cgroups=self._cgroup_sampling)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create, start and wait for a container, then upload ``spec.files``.
@@ -153,7 +131,7 @@ class DockerSandboxProvider:
         if spec.ttl_s is not None:
             keep_alive = f"trap 'exit 0' TERM INT; sleep {float(spec.ttl_s):g} & wait $!"
         else:
-            keep_alive = _KEEP_ALIVE
+            keep_alive = KEEP_ALIVE
         # A name of our own: if the create answer is lost, the container can still be removed.
         name = f"nemo-gym-{uuid.uuid4().hex[:16]}"
         workdir = spec.workdir or "/"
@@ -177,10 +155,11 @@ class DockerSandboxProvider:
             created = await self._api.json(
                 "POST", "/containers/create", params={"name": name}, body=body
             )
-            container = _Container(id=str(created["Id"]), name=name, workdir=workdir)
+            container = Container(id=str(created["Id"]), name=name, workdir=workdir)
             self._open[container.id] = container
             await self._api.request("POST", f"/containers/{container.id}/start")
-            await self._wait_running(container, ready_timeout)
+            running = await self._wait_running(container, ready_timeout)
+            self._usage.locate(container.id, running)
             if spec.files:
                 await self._put(
                     container,
@@ -198,14 +177,16 @@ class DockerSandboxProvider:
             ) from exc
         return SandboxHandle(sandbox_id=container.id, provider_name=self.name, raw=container)
 
-    async def _wait_running(self, container: _Container, timeout_s: float) -> None:
+    async def _wait_running(self, container: Container, timeout_s: float) -> dict[str, Any]:
+        """The container's inspect answer once it runs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         delay = 0.02
         while True:
-            state = (await self._inspect(container.id)).get("State") or {}
+            inspect = await self._inspect(container.id)
+            state = inspect.get("State") or {}
             if state.get("Running"):
-                return
+                return inspect
             if state.get("Status") in ("exited", "dead", "stopped"):
                 raise SandboxCreateError(
                     f"container exited before it was ready (exit code {state.get('ExitCode')})"
@@ -233,6 +214,7 @@ class DockerSandboxProvider:
         for key, container in list(self._open.items()):
             if name_or_id in (key, container.name):
                 del self._open[key]
+                self._usage.forget(key)
 
     async def exec(
         self,
@@ -254,7 +236,7 @@ class DockerSandboxProvider:
         limit = _positive_seconds("timeout_s", timeout_s) or self._exec_timeout_s
         container = self._container(handle)
         config: dict[str, Any] = {
-            "Cmd": ["/bin/sh", "-c", _EXEC_WRAPPER, "sh", command],
+            "Cmd": ["/bin/sh", "-c", EXEC_WRAPPER, "sh", command],
             "AttachStdout": True,
             "AttachStderr": True,
             "AttachStdin": False,
@@ -272,7 +254,7 @@ class DockerSandboxProvider:
         try:
             await asyncio.wait_for(self._api.exec_output(exec_id, frames), limit)
         except TimeoutError:
-            pid, stdout = _split_pid(bytes(frames.stdout))
+            pid, stdout = split_pid(bytes(frames.stdout))
             if pid is not None:
                 await self._kill_tree(container, pid)
             return SandboxExecResult(
@@ -281,7 +263,7 @@ class DockerSandboxProvider:
                 return_code=TIMEOUT_RETURN_CODE,
                 error_type="timeout",
             )
-        _, stdout = _split_pid(bytes(frames.stdout))
+        _, stdout = split_pid(bytes(frames.stdout))
         return SandboxExecResult(
             stdout=stdout.decode("utf-8", "replace"),
             stderr=frames.stderr.decode("utf-8", "replace"),
@@ -297,8 +279,8 @@ class DockerSandboxProvider:
             await asyncio.sleep(0.02)
         raise DockerEngineError(None, f"exec {exec_id} ended without an exit code")
 
-    async def _kill_tree(self, container: _Container, pid: int) -> None:
-        config = {"Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(pid)], "Tty": False}
+    async def _kill_tree(self, container: Container, pid: int) -> None:
+        config = {"Cmd": ["/bin/sh", "-c", KILL_TREE, "sh", str(pid)], "Tty": False}
         try:
             killer = await self._api.json("POST", f"/containers/{container.id}/exec", body=config)
             await self._api.request(
@@ -341,7 +323,7 @@ class DockerSandboxProvider:
             if exc.status == 404:
                 return SandboxStatus.STOPPED
             raise
-        return _STATUS.get(str(state.get("Status", "")).lower(), SandboxStatus.UNKNOWN)
+        return STATUS.get(str(state.get("Status", "")).lower(), SandboxStatus.UNKNOWN)
 
     async def close(self, handle: SandboxHandle) -> None:
         """Force-remove the container and its anonymous volumes; idempotent."""
@@ -354,6 +336,7 @@ class DockerSandboxProvider:
             if exc.status != 404:
                 raise
         self._open.pop(container.id, None)
+        self._usage.forget(container.id)
 
     async def aclose(self) -> None:
         """Remove the containers this provider created and did not close; close the session."""
@@ -370,24 +353,13 @@ class DockerSandboxProvider:
         return allocation_from_inspect(inspect, daemon)
 
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
-        """One usage sample: ``usage.oom_killed`` (the engine's word) and, once the container
-        has ended, ``usage.exit_code``; while it runs, the stats endpoint's cpu time, cpu
-        throttling, memory and pids."""
-        container = self._container(handle)
-        state = (await self._inspect(container.id)).get("State") or {}
-        sample: dict[str, Attribute] = {"usage.source": "docker.stats"}
-        if isinstance(state.get("OOMKilled"), bool):
-            sample["usage.oom_killed"] = state["OOMKilled"]
-        if state.get("Running"):
-            stats = await self._api.json(
-                "GET",
-                f"/containers/{container.id}/stats",
-                params={"stream": "false", "one-shot": "true"},
-            )
-            sample.update(sample_from_stats(stats))
-        elif isinstance(state.get("ExitCode"), int):
-            sample["usage.exit_code"] = state["ExitCode"]
-        return sample
+        """One usage sample: cpu time and throttling, memory and its peak, OOM kills, pids.
+
+        From the container's cgroup (``usage.source`` ``cgroup.v1``/``cgroup.v2``, with
+        ``usage.oom_kills``), or from the engine's stats endpoint (``docker.stats``, with the
+        engine's ``usage.oom_killed``); once the container has ended, ``usage.exit_code``.
+        """
+        return await self._usage.sample(self._container(handle).id)
 
     async def _inspect(self, container_id: str) -> dict[str, Any]:
         answer = await self._api.json("GET", f"/containers/{container_id}/json")
@@ -408,27 +380,19 @@ class DockerSandboxProvider:
                 self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope(info, None)}
         return self._daemon
 
-    async def _put(self, container: _Container, files: Mapping[str, bytes]) -> None:
+    async def _put(self, container: Container, files: Mapping[str, bytes]) -> None:
         archive = await asyncio.to_thread(tar_of, files)
         await self._api.request(
             "PUT", f"/containers/{container.id}/archive", params={"path": "/"}, data=archive
         )
 
     @staticmethod
-    def _absolute(container: _Container, path: str) -> str:
+    def _absolute(container: Container, path: str) -> str:
         return posixpath.normpath(posixpath.join(container.workdir, path))
 
-    def _container(self, handle: SandboxHandle) -> _Container:
+    def _container(self, handle: SandboxHandle) -> Container:
         raw = handle.raw
-        if isinstance(raw, _Container):
+        if isinstance(raw, Container):
             return raw
         # A handle rebuilt elsewhere (only the id survived): the workdir is unknown, so "/".
-        return _Container(id=str(handle.sandbox_id), name=str(handle.sandbox_id), workdir="/")
-
-
-def _split_pid(stdout: bytes) -> tuple[int | None, bytes]:
-    """Separate the wrapper's PID line from the command's own output."""
-    line, newline, rest = stdout.partition(b"\n")
-    if not newline or not line.strip().isdigit():
-        return None, stdout
-    return int(line), rest
+        return Container(id=str(handle.sandbox_id), name=str(handle.sandbox_id), workdir="/")

@@ -25,14 +25,26 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import (
+    ProcScan,
+    proc_table,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
+    Sandbox,
+    check_env,
+    drain,
+    inside,
+    kill,
+    kill_group,
+    make_directory,
+    reap_in_background,
+    relative_path,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
     MIB,
@@ -61,118 +73,6 @@ _OUTPUT_GRACE_S = 0.2
 _KILL_ROUNDS = 200
 _KILL_PAUSE_S = 0.01
 _COMPONENT = "sandbox"
-
-
-# --- sandboxes --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Sandbox:
-    """A sandbox's state; it lives in ``SandboxHandle.raw`` and in the provider's table."""
-
-    sandbox_id: str
-    root: Path
-    workdir: Path
-    env: dict[str, str]
-    cgroup: _cgroups.Cgroup | None
-    sessions: set[int] = field(default_factory=set)  # one session (and group) per command
-    closed: bool = False
-    # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
-    proc_cpu: dict[tuple[int, int], float] = field(default_factory=dict)
-    proc_peak_mib: float = 0.0
-
-
-# Bad spec input raises ValueError throughout (wrong types included, hence the TRY004
-# exemptions): callers handle one exception type for "the spec is wrong".
-def _check_env(name: str, env: object) -> dict[str, str]:
-    """``env`` (any mapping of strings: a dict, ``os.environ``) as a dict. Errors name the
-    offending key, never a value: environments hold secrets, and error text gets logged."""
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        kind = type(env).__name__
-        raise ValueError(f"{name} must be a mapping of strings, not {kind}")  # noqa: TRY004
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise ValueError(f"{name} key {key!r} must be a non-empty string without '=' or NUL")
-        if not isinstance(value, str) or "\0" in value:
-            raise ValueError(f"{name}[{key!r}] must be a string without NUL (value not shown)")
-    return dict(env)
-
-
-def _relative_path(name: str, value: object) -> Path:
-    """A path that stays inside the sandbox whatever the filesystem holds: relative, no ``..``."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name}={value!r} must be a non-empty relative path")
-    path = Path(value)
-    if path.is_absolute() or ".." in path.parts:
-        raise ValueError(
-            f"{name}={value!r} must be relative and stay inside the sandbox's fresh directory"
-        )
-    return path
-
-
-def _make_directory(
-    base_dir: str | None, sandbox_id: str, workdir: Path | None, files: dict[str, str]
-) -> tuple[Path, Path]:
-    """Make the sandbox's directory, working directory and files: (root, workdir). Raises
-    ``OSError`` after removing whatever it made."""
-    root = Path(tempfile.mkdtemp(prefix=f"nemo-gym-{sandbox_id}-", dir=base_dir)).resolve()
-    try:
-        work = root if workdir is None else root / workdir
-        work.mkdir(parents=True, exist_ok=True)
-        for target, content in files.items():
-            path = work / target
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-    except OSError:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    return root, work
-
-
-def _inside(state: _Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
-    """``value`` (relative to the working directory, or absolute) resolved, symlinks included,
-    and refused with ``ValueError`` unless it lies inside the sandbox."""
-    path = Path(value)
-    resolved = (path if path.is_absolute() else state.workdir / path).resolve()
-    if not resolved.is_relative_to(state.root):
-        raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
-    return resolved
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-# Killed commands of cancelled execs, reaped beside the cancellation (the loop keeps only weak
-# references to tasks).
-_REAPING: set[asyncio.Task[int]] = set()
-
-
-def _reap_in_background(process: asyncio.subprocess.Process) -> None:
-    """Wait for a killed command's exit in a task of its own, so a cancelled exec propagates at
-    once and asyncio still closes the command's transport (instead of a ResourceWarning about
-    a subprocess still running when the object is collected)."""
-    task = asyncio.ensure_future(process.wait())
-    _REAPING.add(task)
-    task.add_done_callback(_REAPING.discard)
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-async def _drain(stream: asyncio.StreamReader | None, buffer: bytearray, limit: int) -> None:
-    """Read ``stream`` to its end, keeping its first ``limit`` bytes (the rest is discarded
-    but still read, so the command never blocks on a full pipe)."""
-    if stream is None:
-        return
-    while chunk := await stream.read(1 << 16):
-        if len(buffer) < limit:
-            buffer += chunk[: limit - len(buffer)]
 
 
 class ProcessSandboxProvider:
@@ -217,7 +117,9 @@ class ProcessSandboxProvider:
         self._cgroup_parent = cgroup_parent
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
         self._max_output = max_output_bytes
-        self._sandboxes: dict[str, _Sandbox] = {}
+        self._sandboxes: dict[str, Sandbox] = {}
+        # Samples without a cgroup share one /proc scan per tick (see _proc_scan).
+        self._proc_scan = ProcScan()
         boot_id = _cgroups.read_text(Path("/proc/sys/kernel/random/boot_id"))
         self._boot_id = boot_id or None
         hostname = socket.gethostname()
@@ -254,13 +156,13 @@ class ProcessSandboxProvider:
                 f"provider_options keys {keys}: the process provider takes none (allowed: none)"
             )
         workdir = getattr(spec, "workdir", None)
-        relative_workdir = None if workdir is None else _relative_path("workdir", workdir)
-        env = _check_env("env", getattr(spec, "env", None))
+        relative_workdir = None if workdir is None else relative_path("workdir", workdir)
+        env = check_env("env", getattr(spec, "env", None))
         files = getattr(spec, "files", None) or {}
         if not isinstance(files, dict):
             raise ValueError(f"files={files!r} must map relative paths to text")  # noqa: TRY004
         for target, content in files.items():
-            _relative_path("files key", target)
+            relative_path("files key", target)
             if not isinstance(content, str):
                 kind = type(content).__name__
                 raise ValueError(f"files[{target!r}] must be text, not {kind}")  # noqa: TRY004
@@ -268,7 +170,7 @@ class ProcessSandboxProvider:
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
         try:
             root, work = await asyncio.to_thread(
-                _make_directory, self._base_dir, sandbox_id, relative_workdir, files
+                make_directory, self._base_dir, sandbox_id, relative_workdir, files
             )
         except OSError as exc:
             raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
@@ -293,11 +195,11 @@ class ProcessSandboxProvider:
             "HOME": str(work),
             "LANG": "C.UTF-8",
         }
-        state = _Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup)
+        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup)
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
 
-    def _open(self, handle: SandboxHandle) -> _Sandbox:
+    def _open(self, handle: SandboxHandle) -> Sandbox:
         state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
         if state is None:
             raise RuntimeError(
@@ -331,8 +233,8 @@ class ProcessSandboxProvider:
         if user is not None:
             raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
         timeout = _positive_seconds("timeout_s", timeout_s)
-        directory = state.workdir if cwd is None else _inside(state, "cwd", cwd)
-        command_env = {**state.env, **_check_env("env", env)}
+        directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
+        command_env = {**state.env, **check_env("env", env)}
         if state.cgroup is None:
             argv = ["/bin/sh", "-c", command]
         else:
@@ -351,19 +253,19 @@ class ProcessSandboxProvider:
         state.sessions.add(process.pid)
         out, err = bytearray(), bytearray()
         readers = [
-            asyncio.ensure_future(_drain(process.stdout, out, self._max_output)),
-            asyncio.ensure_future(_drain(process.stderr, err, self._max_output)),
+            asyncio.ensure_future(drain(process.stdout, out, self._max_output)),
+            asyncio.ensure_future(drain(process.stderr, err, self._max_output)),
         ]
         timed_out = False
         try:
             await asyncio.wait_for(process.wait(), timeout)
         except TimeoutError:
             timed_out = True
-            _kill_group(process.pid)
+            kill_group(process.pid)
             await process.wait()
         except asyncio.CancelledError:
-            _kill_group(process.pid)
-            _reap_in_background(process)
+            kill_group(process.pid)
+            reap_in_background(process)
             for reader in readers:
                 reader.cancel()
             raise
@@ -388,7 +290,7 @@ class ProcessSandboxProvider:
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
         state = self._open(handle)
-        target = _inside(state, "target_path", target_path)
+        target = inside(state, "target_path", target_path)
 
         def copy() -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -401,7 +303,7 @@ class ProcessSandboxProvider:
     ) -> None:
         """Copy ``source_path`` from inside the sandbox to local ``target_path``."""
         state = self._open(handle)
-        source = _inside(state, "source_path", source_path)
+        source = inside(state, "source_path", source_path)
         await asyncio.to_thread(shutil.copyfile, source, target_path)
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
@@ -412,7 +314,7 @@ class ProcessSandboxProvider:
             raw = getattr(handle, "raw", None)
             return (
                 SandboxStatus.STOPPED
-                if isinstance(raw, _Sandbox) and raw.closed
+                if isinstance(raw, Sandbox) and raw.closed
                 else (SandboxStatus.UNKNOWN)
             )
         return SandboxStatus.RUNNING if state.root.is_dir() else SandboxStatus.ERROR
@@ -441,9 +343,9 @@ class ProcessSandboxProvider:
                 with contextlib.suppress(OSError):
                     (mount / self._cgroup_parent).rmdir()
 
-    async def _kill_all(self, state: _Sandbox) -> None:
+    async def _kill_all(self, state: Sandbox) -> None:
         for session in state.sessions:
-            _kill_group(session)
+            kill_group(session)
         cgroup = state.cgroup
         if cgroup is not None and cgroup.version == 2 and cgroup.file("", "cgroup.kill").exists():
             with contextlib.suppress(OSError):
@@ -453,11 +355,11 @@ class ProcessSandboxProvider:
             if cgroup is not None:
                 pids = _cgroups.cgroup_pids(cgroup)
             else:
-                pids = {p[0] for p in _cgroups.proc_table() if p[1] in state.sessions}
+                pids = {p[0] for p in proc_table() if p[1] in state.sessions}
             if not pids:
                 return
             for pid in pids:
-                _kill(pid)
+                kill(pid)
             await asyncio.sleep(_KILL_PAUSE_S)
         LOGGER.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
 
@@ -491,14 +393,17 @@ class ProcessSandboxProvider:
 
         From the cgroup (``usage.source = "cgroup.v1"``/``"cgroup.v2"``), or from ``/proc``
         over the processes in the sandbox's sessions (``"proc"``: CPU time counts processes
-        seen alive at some sample, peak memory is the largest sampled figure).
+        seen alive at some sample, peak memory is the largest sampled figure). ``/proc``
+        samples of a provider share one scan of the process table per tick, which starts
+        after the sample is asked for, so a process started before the call is counted.
         """
         state = self._open(handle)
         if state.cgroup is not None:
             return _cgroups.cgroup_sample(state.cgroup)
+        sessions = await self._proc_scan.sessions()
         pids = memory = 0
-        for pid, session, start, cpu_s, rss in _cgroups.proc_table():
-            if session in state.sessions:
+        for session in state.sessions:
+            for pid, _, start, cpu_s, rss in sessions.get(session, ()):
                 pids += 1
                 memory += rss
                 state.proc_cpu[(pid, start)] = cpu_s

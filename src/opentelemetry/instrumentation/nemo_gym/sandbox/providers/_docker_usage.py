@@ -1,0 +1,152 @@
+"""Usage samples of a Docker provider's containers: the container's cgroup, else the engine.
+
+Where this host can read a container's cgroup (a local engine whose cgroups we may read:
+see ``_container_cgroup``), a sample reads a handful of cgroup files and asks the engine
+nothing, which is what cAdvisor and the kubelet do: ``usage.source`` is ``cgroup.v1`` or
+``cgroup.v2``. Elsewhere (an engine on another machine behind a forwarded socket, a rootless
+engine whose cgroups we cannot read) each sample is an inspect plus the stats endpoint:
+``usage.source`` is ``docker.stats``. The cgroup is looked for once per container, from the
+inspect answer the provider already has at create (or, for a handle made elsewhere, at its
+first sample), and is not looked for again once it has been found missing.
+
+The two paths give the same figures for one container (the engine reads the same cgroup
+files), with one difference: on cgroup v2, Podman's stats report memory as ``memory.current``
+less ``inactive_file``, as ``docker stats`` shows it; ours is ``memory.current``, as the
+process provider's is.
+
+OOM kills: the cgroup path reports ``usage.oom_kills``, the kernel's cumulative count for the
+container's memory cgroup, so a process ``exec``'d into a container that survives its kill
+is counted too. The stats path can only report the engine's ``State.OOMKilled`` flag
+(``usage.oom_killed``), which is about the container's main process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
+    Cgroup,
+    cgroup_usage,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._container_cgroup import (
+    container_cgroup,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
+    sample_from_stats,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import EngineClient
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import Attribute
+
+__all__ = ["ContainerUsage"]
+
+LOGGER = logging.getLogger(__name__)
+STATS_SOURCE = "docker.stats"
+
+
+@dataclass
+class _Located:
+    """One container's cgroup (``None``: use the engine) and its last OOM kill count."""
+
+    cgroup: Cgroup | None
+    oom_kills: int | None = None
+
+
+class ContainerUsage:
+    """The usage samples of one provider's containers (see the module).
+
+    ``inspect`` is the provider's inspect call; ``cgroups=False`` keeps every sample on the
+    engine's stats endpoint. Runs on the event loop; cgroup files are small kernel files
+    read synchronously. Engine failures raise as the engine client raises them.
+    """
+
+    def __init__(
+        self,
+        api: EngineClient,
+        inspect: Callable[[str], Awaitable[dict[str, Any]]],
+        *,
+        cgroups: bool = True,
+    ) -> None:
+        self._api = api
+        self._inspect = inspect
+        self._cgroups = cgroups
+        self._located: dict[str, _Located] = {}
+
+    def locate(self, container_id: str, inspect: dict[str, Any]) -> None:
+        """Find the container's cgroup from an inspect answer taken while it runs. Never
+        raises: this runs inside ``create``, which telemetry must not fail."""
+        cgroup = None
+        if self._cgroups:
+            try:
+                pid = (inspect.get("State") or {}).get("Pid")
+                cgroup = container_cgroup(pid, container_id)
+            except Exception as exc:  # noqa: BLE001 - the stats endpoint still answers
+                LOGGER.debug("container %s: cgroup not located: %r", container_id, exc)
+        self._located[container_id] = _Located(cgroup)
+
+    def forget(self, container_id: str) -> None:
+        """Drop what is known about a container (it was removed)."""
+        self._located.pop(container_id, None)
+
+    async def sample(self, container_id: str) -> dict[str, Attribute]:
+        """One usage sample (keys ``usage.*``), from the cgroup where possible.
+
+        The cgroup answers while the container has processes; once it has none, the engine's
+        ``usage.exit_code`` and ``usage.oom_killed`` are added; once the cgroup is gone, the
+        engine answers alone, keeping the last OOM kill count the cgroup gave.
+        """
+        inspect: dict[str, Any] | None = None
+        located = self._located.get(container_id)
+        if located is None:
+            inspect = await self._inspect(container_id)
+            state = inspect.get("State") or {}
+            if state.get("Running"):
+                self.locate(container_id, inspect)
+                located = self._located[container_id]
+            else:
+                located = _Located(None)
+        if located.cgroup is not None:
+            usage = cgroup_usage(located.cgroup)
+            if usage is not None:
+                kills = usage.get("oom_kills")
+                if isinstance(kills, int):
+                    located.oom_kills = kills
+                sample: dict[str, Attribute] = {"usage.source": f"cgroup.v{located.cgroup.version}"}
+                sample.update({"usage." + k: v for k, v in usage.items()})
+                if usage.get("pids") == 0:
+                    # No process left: the container has ended; the engine says how.
+                    state = (inspect or await self._inspect(container_id)).get("State") or {}
+                    sample.update(_ending(state))
+                return sample
+            located.cgroup = None  # gone: the container ended, or its cgroup moved
+        state = (inspect or await self._inspect(container_id)).get("State") or {}
+        sample = {"usage.source": STATS_SOURCE}
+        if state.get("Running"):
+            if isinstance(state.get("OOMKilled"), bool):
+                sample["usage.oom_killed"] = state["OOMKilled"]
+            stats = await self._api.json(
+                "GET",
+                f"/containers/{container_id}/stats",
+                params={"stream": "false", "one-shot": "true"},
+            )
+            sample.update(sample_from_stats(stats))
+        else:
+            sample.update(_ending(state))
+        if located.oom_kills is not None:
+            # The cgroup counted kills before it went: keep the count (never lower), and the
+            # engine's flag is at least one kill the cgroup may not have shown in time.
+            flagged = 1 if sample.get("usage.oom_killed") is True else 0
+            sample["usage.oom_kills"] = max(located.oom_kills, flagged)
+        return sample
+
+
+def _ending(state: dict[str, Any]) -> dict[str, Attribute]:
+    """The engine's word on a container that has ended: OOM-killed, exit code."""
+    ending: dict[str, Attribute] = {}
+    if isinstance(state.get("OOMKilled"), bool):
+        ending["usage.oom_killed"] = state["OOMKilled"]
+    if not state.get("Running") and isinstance(state.get("ExitCode"), int):
+        ending["usage.exit_code"] = state["ExitCode"]
+    return ending

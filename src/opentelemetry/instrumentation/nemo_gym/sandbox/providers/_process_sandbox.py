@@ -1,0 +1,131 @@
+"""A process sandbox's state, and the helpers ``ProcessSandboxProvider`` runs it with.
+
+The checks that keep paths and environments inside a sandbox (raising ``ValueError`` naming
+the field), the sandbox directory, and killing, reaping and reading the output of its
+commands' processes. No provider logic: that is ``process``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+
+# --- sandboxes --------------------------------------------------------------------------------
+
+
+@dataclass
+class Sandbox:
+    """A sandbox's state; it lives in ``SandboxHandle.raw`` and in the provider's table."""
+
+    sandbox_id: str
+    root: Path
+    workdir: Path
+    env: dict[str, str]
+    cgroup: _cgroups.Cgroup | None
+    sessions: set[int] = field(default_factory=set)  # one session (and group) per command
+    closed: bool = False
+    # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
+    proc_cpu: dict[tuple[int, int], float] = field(default_factory=dict)
+    proc_peak_mib: float = 0.0
+
+
+# Bad spec input raises ValueError throughout (wrong types included, hence the TRY004
+# exemptions): callers handle one exception type for "the spec is wrong".
+def check_env(name: str, env: object) -> dict[str, str]:
+    """``env`` (any mapping of strings: a dict, ``os.environ``) as a dict. Errors name the
+    offending key, never a value: environments hold secrets, and error text gets logged."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        kind = type(env).__name__
+        raise ValueError(f"{name} must be a mapping of strings, not {kind}")  # noqa: TRY004
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ValueError(f"{name} key {key!r} must be a non-empty string without '=' or NUL")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"{name}[{key!r}] must be a string without NUL (value not shown)")
+    return dict(env)
+
+
+def relative_path(name: str, value: object) -> Path:
+    """A path that stays inside the sandbox whatever the filesystem holds: relative, no ``..``."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}={value!r} must be a non-empty relative path")
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"{name}={value!r} must be relative and stay inside the sandbox's fresh directory"
+        )
+    return path
+
+
+def make_directory(
+    base_dir: str | None, sandbox_id: str, workdir: Path | None, files: dict[str, str]
+) -> tuple[Path, Path]:
+    """Make the sandbox's directory, working directory and files: (root, workdir). Raises
+    ``OSError`` after removing whatever it made."""
+    root = Path(tempfile.mkdtemp(prefix=f"nemo-gym-{sandbox_id}-", dir=base_dir)).resolve()
+    try:
+        work = root if workdir is None else root / workdir
+        work.mkdir(parents=True, exist_ok=True)
+        for target, content in files.items():
+            path = work / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+    except OSError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root, work
+
+
+def inside(state: Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
+    """``value`` (relative to the working directory, or absolute) resolved, symlinks included,
+    and refused with ``ValueError`` unless it lies inside the sandbox."""
+    path = Path(value)
+    resolved = (path if path.is_absolute() else state.workdir / path).resolve()
+    if not resolved.is_relative_to(state.root):
+        raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
+    return resolved
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+# Killed commands of cancelled execs, reaped beside the cancellation (the loop keeps only weak
+# references to tasks).
+_REAPING: set[asyncio.Task[int]] = set()
+
+
+def reap_in_background(process: asyncio.subprocess.Process) -> None:
+    """Wait for a killed command's exit in a task of its own, so a cancelled exec propagates at
+    once and asyncio still closes the command's transport (instead of a ResourceWarning about
+    a subprocess still running when the object is collected)."""
+    task = asyncio.ensure_future(process.wait())
+    _REAPING.add(task)
+    task.add_done_callback(_REAPING.discard)
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+async def drain(stream: asyncio.StreamReader | None, buffer: bytearray, limit: int) -> None:
+    """Read ``stream`` to its end, keeping its first ``limit`` bytes (the rest is discarded
+    but still read, so the command never blocks on a full pipe)."""
+    if stream is None:
+        return
+    while chunk := await stream.read(1 << 16):
+        if len(buffer) < limit:
+            buffer += chunk[: limit - len(buffer)]
