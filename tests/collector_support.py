@@ -62,7 +62,7 @@ def read_ports(state_dir: Path = STATE_DIR) -> dict[str, str]:
     if not path.is_file():
         return {}
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {key: value for key, value in pairs}
+    return {pair[0]: pair[1] for pair in pairs}
 
 
 def http_status(url: str, timeout: float = 2.0) -> int:
@@ -175,7 +175,9 @@ def prometheus_scraping(
 ) -> Iterator[Prometheus]:
     """A real Prometheus (Debian's binary) scraping ``collector`` every second."""
     binary = shutil.which("prometheus")
-    require_service(binary is not None, "the prometheus binary is not on PATH (apt-get install prometheus)")
+    require_service(
+        binary is not None, "the prometheus binary is not on PATH (apt-get install prometheus)"
+    )
     assert binary is not None
     target = urllib.parse.urlsplit(collector.prometheus).netloc
     config = workdir / "prometheus.yml"

@@ -47,12 +47,18 @@ CONSTRAINT = "nemo_gym_http_connection_pool_queue_constraint"
 def test_collector_fleet_counts_equal_each_process_traffic(tmp_path: Path) -> None:
     """Per process and destination, connects and queued waits through the collector are exact."""
     collector = running_collector()
-    job = f"fleet-{uuid.uuid4().hex[:8]}"  # this run's series only, whatever else the collector holds
+    # This run's series only, whatever else the shared collector holds.
+    job = f"fleet-{uuid.uuid4().hex[:8]}"
     with prometheus_scraping(collector, tmp_path) as prometheus:
         workers = {
             instance: subprocess.Popen(
-                [str(INSTRUMENT), sys.executable, str(WORKER),
-                 f"--policy={policy}", f"--resources={resources}"],
+                [
+                    str(INSTRUMENT),
+                    sys.executable,
+                    str(WORKER),
+                    f"--policy={policy}",
+                    f"--resources={resources}",
+                ],
                 env=otlp_environment(collector, job, instance),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -80,18 +86,16 @@ def test_collector_fleet_counts_equal_each_process_traffic(tmp_path: Path) -> No
         assert prometheus.values(CONNECTS + selector, "instance", SERVER) == expected_connects
         queued = prometheus.values(QUEUED + selector, "instance", SERVER, CONSTRAINT)
         assert queued == expected_queued
-        targets = prometheus.values(f'target_info{selector}', "instance")
+        targets = prometheus.values(f"target_info{selector}", "instance")
         assert set(targets) == {(instance,) for instance in TRAFFIC}
 
         report = os.environ.get("NEMO_GYM_FLEET_REPORT")
         if report:
             series = prometheus.query(f'{{job="{job}", __name__=~"gym_.*|http_.*|target_info"}}')
-            lines = sorted(
-                "{}{{{}}} {}".format(
-                    s["metric"]["__name__"],
-                    ",".join(f'{k}="{v}"' for k, v in sorted(s["metric"].items()) if k != "__name__"),
-                    s["value"][1],
-                )
-                for s in series
-            )
+            lines = sorted(_exposition(s["metric"], s["value"][1]) for s in series)
             Path(report).write_text("\n".join(lines) + "\n")
+
+
+def _exposition(metric: dict[str, str], value: str) -> str:
+    labels = ",".join(f'{k}="{v}"' for k, v in sorted(metric.items()) if k != "__name__")
+    return f"{metric['__name__']}{{{labels}}} {value}"
