@@ -121,6 +121,7 @@ PY
     echo "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$otlp_http"
     echo "COLLECTOR_SELF_METRICS=http://127.0.0.1:$self/metrics"
     echo "COLLECTOR_OTLP_GRPC=127.0.0.1:$otlp_grpc"
+    echo "COLLECTOR_BINARY=$BIN"
   } >"$PORTS_FILE"
   # setsid + nohup: it outlives this script and the CI step that ran it; it runs in its state
   # folder so nothing it writes lands in a checkout. The lock is not inherited (9>&-).

@@ -8,8 +8,8 @@ here, the auto-loader builds the providers and patches aiohttp. The traffic is e
 * ``resources`` on 127.0.0.2: ``--resources M`` requests at once through ``limit_per_host=1``
   (total 100), so M connects and M - 1 queued waits on the ``per_host`` limit.
 
-Prints one JSON line with the connector class and the counts it produced; the SDK's shutdown
-at exit exports the last collection.
+Prints one JSON line with the connector class and the counts it produced, stays up
+``--linger`` seconds, and exits; the SDK's shutdown at exit exports the last collection.
 """
 
 import argparse
@@ -58,6 +58,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--policy", type=int, required=True)
     parser.add_argument("--resources", type=int, required=True)
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay up after")
     args = parser.parse_args()
     policy, policy_url = await serve("127.0.0.1")
     resources, resources_url = await serve("127.0.0.2")
@@ -73,6 +74,8 @@ async def main() -> None:
         "queued": {"policy": args.policy - 1, "resources": args.resources - 1},
     }
     print(json.dumps(expected), flush=True)
+    # Time for periodic exports (to a collector that may be down or slow) before the exit.
+    await asyncio.sleep(args.linger)
 
 
 asyncio.run(main())
