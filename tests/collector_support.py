@@ -227,3 +227,47 @@ def otlp_environment(collector: Collector, service: str, instance: str) -> dict[
         OTEL_METRIC_EXPORT_INTERVAL="1000",
     )
     return env
+
+
+def collector_config(otlp_port: int, prometheus_port: int) -> str:
+    """``scripts/collector/config.yaml.in`` with these ports (and free ones for the rest)."""
+    text = (ROOT / "scripts" / "collector" / "config.yaml.in").read_text()
+    for key, value in {
+        "@OTLP_HTTP_PORT@": otlp_port,
+        "@OTLP_GRPC_PORT@": free_port(),
+        "@PROMETHEUS_PORT@": prometheus_port,
+        "@SELF_METRICS_PORT@": free_port(),
+    }.items():
+        text = text.replace(key, str(value))
+    return text
+
+
+@contextmanager
+def private_collector(workdir: Path) -> Iterator[Collector]:
+    """A collector of the test's own (the binary start-collector.sh built), ended afterwards.
+
+    For tests whose assertions would be disturbed by other processes' series in the shared one.
+    """
+    running_collector()  # the build exists and works
+    binary = read_ports().get("COLLECTOR_BINARY", "")
+    require_service(Path(binary).is_file(), f"no collector binary recorded in {STATE_DIR}")
+    otlp_port, prometheus_port = free_port(), free_port()
+    config = workdir / "collector.yaml"
+    config.write_text(collector_config(otlp_port, prometheus_port))
+    collector = Collector(
+        prometheus=f"http://127.0.0.1:{prometheus_port}/metrics",
+        otlp_endpoint=f"http://127.0.0.1:{otlp_port}",
+        self_metrics="",
+    )
+    with (workdir / "collector.log").open("wb") as log:
+        process = subprocess.Popen([binary, f"--config=file:{config}"], stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 30
+            while http_status(collector.prometheus) != 200:
+                assert process.poll() is None, (workdir / "collector.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "the private collector never answered"
+                time.sleep(0.1)
+            yield collector
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from collector_support import (
+    collector_config,
     free_port,
     otlp_environment,
     read_ports,
@@ -123,7 +124,7 @@ def test_collector_slow_exit_bounded_and_requests_unchanged() -> None:
 def test_collector_started_mid_run_receives_every_count(tmp_path: Path) -> None:
     """Counts made while no collector listened arrive once one does (cumulative temporality)."""
     binary = read_ports().get("COLLECTOR_BINARY", "")
-    otlp_port, prometheus_port, self_port = free_port(), free_port(), free_port()
+    otlp_port, prometheus_port = free_port(), free_port()
     job = f"restart-{uuid.uuid4().hex[:6]}"
     env = _env(f"http://127.0.0.1:{otlp_port}")
     env["OTEL_SERVICE_NAME"] = job
@@ -140,7 +141,7 @@ def test_collector_started_mid_run_receives_every_count(tmp_path: Path) -> None:
         assert worker.stdout is not None
         truth = json.loads(worker.stdout.readline())  # the traffic is done, nothing listening
         config = tmp_path / "config.yaml"
-        config.write_text(_config(otlp_port, prometheus_port, self_port))
+        config.write_text(collector_config(otlp_port, prometheus_port))
         collector = subprocess.Popen(
             [binary, f"--config=file:{config}"],
             stdout=log,
@@ -192,16 +193,3 @@ def _lines(url: str) -> set[str]:
         kept = [p for p in labels.split(",") if not p.startswith(("instance=", "otel_scope_"))]
         found.add(f"{name}{{{','.join(sorted(kept))}}} {value}")
     return found
-
-
-def _config(otlp_port: int, prometheus_port: int, self_port: int) -> str:
-    template = Path(__file__).resolve().parent.parent / "scripts" / "collector" / "config.yaml.in"
-    text = template.read_text()
-    for key, value in {
-        "@OTLP_HTTP_PORT@": otlp_port,
-        "@OTLP_GRPC_PORT@": free_port(),
-        "@PROMETHEUS_PORT@": prometheus_port,
-        "@SELF_METRICS_PORT@": self_port,
-    }.items():
-        text = text.replace(key, str(value))
-    return text
