@@ -96,9 +96,14 @@ answers() {
     # OTLP/HTTP answers a GET on its path with 405: the receiver is up.
     [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$OTEL_EXPORTER_OTLP_ENDPOINT/v1/metrics")" = 405 ]
 }
-if ! ours_running || ! answers; then
+stale=0
+if ours_running && [ "$(readlink "/proc/$(recorded_pid)/exe" 2>/dev/null)" != "$BIN" ]; then
+  # Started from other build inputs (scripts/collector/ changed): replace it.
+  stale=1
+fi
+if ! ours_running || ! answers || [ "$stale" = 1 ]; then
   if ours_running; then
-    log "pid $(recorded_pid) runs but does not answer; restarting it"
+    log "pid $(recorded_pid) does not answer or runs an older build; restarting it"
     kill "$(recorded_pid)" 2>/dev/null || true
     sleep 1
   fi
