@@ -35,6 +35,12 @@ configuration that scrapes it every ``--scrape-interval`` seconds and, with
         --rule-file "$PWD/examples/prometheus/rules.yml"
 
 ``OTEL_SEMCONV_STABILITY_OPT_IN=http`` (or ``http/dup``) picks the naming mode as usual.
+
+``--otlp-endpoint http://127.0.0.1:4318`` sends the metrics over OTLP/HTTP to a collector
+instead of serving them (needs ``opentelemetry-exporter-otlp-proto-http``), flushing after
+each step; then ``--scrape-target HOST:PORT`` (the collector's Prometheus exporter) is what
+the written Prometheus configuration scrapes, with ``honor_labels`` so the ``job`` and
+``instance`` the collector derives from ``service.name`` and ``service.instance.id`` stay.
 """
 
 from __future__ import annotations
@@ -104,9 +110,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def prometheus_config(
-    metrics_port: int, scrape_interval_s: float = 1.0, rule_files: Iterable[Path] = ()
+    metrics_port: int,
+    scrape_interval_s: float = 1.0,
+    rule_files: Iterable[Path] = (),
+    target: str | None = None,
 ) -> str:
-    """A Prometheus configuration that scrapes this app on ``127.0.0.1:metrics_port``."""
+    """A Prometheus configuration that scrapes this app on ``127.0.0.1:metrics_port``.
+
+    With ``target`` (a collector's exporter) it scrapes that instead, honouring its labels.
+    """
     interval = f"{scrape_interval_s:g}s"
     rules = "".join(f"  - {json.dumps(str(path))}\n" for path in rule_files)
     return (
@@ -114,10 +126,11 @@ def prometheus_config(
         + (f"rule_files:\n{rules}" if rules else "")
         + "scrape_configs:\n"
         "  - job_name: nemo_gym_app\n"
-        f"    scrape_interval: {interval}\n"
+        + ("    honor_labels: true\n" if target else "")
+        + f"    scrape_interval: {interval}\n"
         f"    scrape_timeout: {interval}\n"
         "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{metrics_port}']\n"
+        f"      - targets: ['{target or f'127.0.0.1:{metrics_port}'}']\n"
     )
 
 
@@ -343,6 +356,13 @@ async def _commands_from_stdin() -> asyncio.Queue[str]:
     return commands
 
 
+def flush() -> None:
+    """Export now (OTLP mode: the step reaches the collector before it is reported)."""
+    provider = metrics.get_meter_provider()
+    if isinstance(provider, MeterProvider):
+        provider.force_flush(timeout_millis=10_000)
+
+
 async def run(args: argparse.Namespace, reader: InMemoryMetricReader) -> None:
     backends = Backends()
     await backends.start()
@@ -355,9 +375,11 @@ async def run(args: argparse.Namespace, reader: InMemoryMetricReader) -> None:
             rounds += 1
             pools = await pool_round(backends)
             sandboxes = await sandbox_round() if args.sandboxes else None
+            flush()
             _emit("round", round=rounds, done=pools, sandboxes=sandboxes, observed=observed(reader))
         elif command == "hold":
             held = await hold.start(reader)
+            flush()
             _emit("hold", held=held, observed=observed(reader))
         elif command == "release":
             await hold.release()
@@ -385,6 +407,15 @@ async def run(args: argparse.Namespace, reader: InMemoryMetricReader) -> None:
         await backends.stop()
 
 
+def _otlp_reader(endpoint: str) -> Any:
+    # Imported here: only the OTLP mode needs the exporter package.
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    exporter = OTLPMetricExporter(endpoint=endpoint.rstrip("/") + "/v1/metrics", timeout=5)
+    return PeriodicExportingMetricReader(exporter, export_interval_millis=1000)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -398,15 +429,23 @@ def main() -> None:
     parser.add_argument("--hold-seconds", type=float, default=30.0, help="timer mode")
     parser.add_argument("--linger", type=float, default=600.0, help="seconds to keep serving")
     parser.add_argument("--no-sandboxes", dest="sandboxes", action="store_false", help="pools only")
+    parser.add_argument("--otlp-endpoint", help="export over OTLP/HTTP here instead of serving")
+    parser.add_argument("--scrape-target", help="HOST:PORT Prometheus scrapes (the collector)")
     args = parser.parse_args()
 
     # Resource samples often enough that a short sandbox gets some, as in examples/sandbox.py.
     os.environ.setdefault("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.5")
     port = args.metrics_port or free_port()
     own_reader = InMemoryMetricReader()
-    resource = Resource.create({"service.name": "nemo-gym-prometheus-example"})
+    attributes: dict[str, str | int] = {"service.name": "nemo-gym-prometheus-example"}
+    if args.otlp_endpoint:
+        attributes["service.instance.id"] = f"{socket.gethostname()}-{os.getpid()}"
+    resource = Resource.create(attributes)
     provider = MeterProvider(
-        metric_readers=[PrometheusMetricReader(), own_reader], resource=resource
+        metric_readers=[_otlp_reader(args.otlp_endpoint), own_reader]
+        if args.otlp_endpoint
+        else [PrometheusMetricReader(), own_reader],
+        resource=resource,
     )
     metrics.set_meter_provider(provider)
     tracer_provider = TracerProvider(resource=resource)
@@ -414,10 +453,13 @@ def main() -> None:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(tracer_provider)
     NemoGymInstrumentor().instrument()
-    start_http_server(port, addr="127.0.0.1")
+    if not args.otlp_endpoint:
+        start_http_server(port, addr="127.0.0.1")
     if args.prometheus_config is not None:
         rule_files = [path.resolve() for path in args.rule_file]
-        args.prometheus_config.write_text(prometheus_config(port, args.scrape_interval, rule_files))
+        args.prometheus_config.write_text(
+            prometheus_config(port, args.scrape_interval, rule_files, args.scrape_target)
+        )
     _emit("ready", metrics_port=port, semconv=os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN"))
     try:
         asyncio.run(run(args, own_reader))

@@ -14,6 +14,10 @@ from opentelemetry.metrics import Observation
 
 from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import Destination, PoolState
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
+    OVERFLOW_ATTRIBUTE,
+    DestinationBudget,
+)
 
 
 def add_into(total: dict[Any, int], counts: dict[Any, int]) -> None:
@@ -43,44 +47,67 @@ def semconv_wait_attributes(
     constraint: str,
     error_type: type[BaseException] | None,
     label: str,
-) -> dict[str, str | int]:
-    """The attributes of one ``http.client.request.time_in_queue`` sample."""
-    attributes: dict[str, str | int] = {
+    overflow: bool = False,
+) -> dict[str, str | int | bool]:
+    """The attributes of one ``http.client.request.time_in_queue`` sample.
+
+    ``overflow``: the destination is over the budget, so it is named by
+    ``otel.metric.overflow=true`` instead of its address and port.
+    """
+    attributes: dict[str, str | int | bool] = {
         names.ATTR_QUEUE_CONSTRAINT: constraint,
         names.ATTR_SERVER_NAME: label,
     }
-    if where is not None:
+    if overflow:
+        attributes[OVERFLOW_ATTRIBUTE] = True
+    elif where is not None:
         attributes.update(destination_attributes(where))
     if error_type is not None:
         attributes[names.ATTR_ERROR_TYPE] = error_type_name(error_type)
     return attributes
 
 
-def open_connection_observations(states: Iterable[PoolState]) -> Iterator[Observation]:
+def open_connection_observations(
+    states: Iterable[PoolState], budget: DestinationBudget | None = None
+) -> Iterator[Observation]:
     """``http.client.open_connections``: active and idle connections per destination.
 
     Every destination seen gets both states, so a pool that went quiet reports active 0
-    rather than a series that just stops.
+    rather than a series that just stops. Destinations over ``budget`` are summed into one
+    ``otel.metric.overflow=true`` series per state.
     """
     active: dict[Destination, int] = {}
     idle: dict[Destination, int] = {}
     for state in states:
         add_into(active, state.active)
         add_into(idle, state.idle)
-    for where in sorted(active.keys() | idle.keys()):
-        for state_name, counts in ((names.STATE_ACTIVE, active), (names.STATE_IDLE, idle)):
-            attributes = destination_attributes(where)
+    both = {where: active.get(where, 0) + idle.get(where, 0) for where in active.keys() | idle}
+    own = sorted(budget.split(both)[0] if budget is not None else both)
+    rest = both.keys() - set(own)
+    for state_name, counts in ((names.STATE_ACTIVE, active), (names.STATE_IDLE, idle)):
+        for where in own:
+            attributes: dict[str, str | int | bool] = dict(destination_attributes(where))
             attributes[names.ATTR_CONNECTION_STATE] = state_name
             yield Observation(counts.get(where, 0), attributes)
+        if rest:
+            yield Observation(
+                sum(counts.get(where, 0) for where in rest),
+                {OVERFLOW_ATTRIBUTE: True, names.ATTR_CONNECTION_STATE: state_name},
+            )
 
 
-def waiting_observations(states: Iterable[PoolState]) -> Iterator[Observation]:
-    """``gym.http.connection_pool.waiting_requests`` per destination."""
+def waiting_observations(
+    states: Iterable[PoolState], budget: DestinationBudget | None = None
+) -> Iterator[Observation]:
+    """``gym.http.connection_pool.waiting_requests`` per destination, over-budget ones summed."""
     waiting: dict[Destination, int] = {}
     for state in states:
         add_into(waiting, state.waiting)
-    for where, count in sorted(waiting.items()):
+    own, rest = budget.split(waiting) if budget is not None else (waiting, None)
+    for where, count in sorted(own.items()):
         yield Observation(count, destination_attributes(where))
+    if rest is not None:
+        yield Observation(rest, {OVERFLOW_ATTRIBUTE: True})
 
 
 def limit_observations(connectors: list[Any]) -> Iterator[Observation]:

@@ -50,6 +50,12 @@ from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
+    DEFAULT_MAX_DESTINATIONS,
+    OVERFLOW_ATTRIBUTE,
+    DestinationBudget,
+    StickyBudget,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_observations import (
     add_into,
     destination_attributes,
@@ -138,6 +144,7 @@ class PoolTelemetry:
         max_server_names: int,
         semconv_mode: str = SemconvMode.DEFAULT,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        max_destinations: int = DEFAULT_MAX_DESTINATIONS,
     ) -> None:
         if semconv_mode not in (SemconvMode.DEFAULT, SemconvMode.HTTP, SemconvMode.HTTP_DUP):
             raise ValueError(
@@ -149,6 +156,10 @@ class PoolTelemetry:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         self.semconv_mode = semconv_mode
         self.batch_size = batch_size
+        # Series per server.address/server.port, bounded (see _destination_budget): the state
+        # instruments share one budget; the queue histogram keeps its first destinations.
+        self._destinations = DestinationBudget(max_destinations)
+        self._histogram_destinations = StickyBudget(max_destinations)
         self.pending: deque[WaitSample] = deque()
         self._max_server_names = max_server_names
         self._labels: set[str] = set()
@@ -164,7 +175,7 @@ class PoolTelemetry:
         self._folded_created: dict[Destination, int] = {}
         self._collect_lock = threading.Lock()
         self._default_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
-        self._semconv_attributes: dict[tuple[Any, ...], dict[str, str | int]] = {}
+        self._semconv_attributes: dict[tuple[Any, ...], dict[str, str | int | bool]] = {}
         self._failures = OnceLog(logger)
 
         meter = meter_provider.get_meter(names.METER_NAME, version)
@@ -337,7 +348,8 @@ class PoolTelemetry:
             semconv_key = (where, constraint, error_type, label)
             semconv = self._semconv_attributes.get(semconv_key)
             if semconv is None:
-                semconv = semconv_wait_attributes(where, constraint, error_type, label)
+                overflow = where is not None and not self._histogram_destinations.admits(where)
+                semconv = semconv_wait_attributes(where, constraint, error_type, label, overflow)
                 # server.address is not bounded like the labels are: a client that talks to
                 # ever-new hosts must not grow this cache without end.
                 if len(self._semconv_attributes) >= _MAX_CACHED_ATTRIBUTE_SETS:
@@ -410,23 +422,35 @@ class PoolTelemetry:
         )
 
     def _observe_created(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return self._observe(
-            "observing connections created",
-            lambda: (
-                Observation(count, destination_attributes(where))
-                for where, count in self.created_counts().items()
-            ),
-        )
+        return self._observe("observing connections created", self._created_observations)
+
+    def _created_observations(self) -> Iterator[Observation]:
+        totals = self.created_counts()
+        busy: set[Destination] = set()
+        for state in self.pool_states():
+            busy.update(where for where, count in state.active.items() if count)
+            busy.update(where for where, count in state.idle.items() if count)
+        report = self._destinations.created(totals, busy)
+        with self._collect_lock:
+            # Counts of collected connectors to a destination that is forgotten go too, so a
+            # client that met 10,000 destinations does not keep 10,000 totals.
+            for where in [w for w in self._folded_created if not self._destinations.tracks(w)]:
+                self._destinations.dropped(where, self._folded_created.pop(where))
+        for where, count in report.own.items():
+            yield Observation(count, destination_attributes(where))
+        if report.overflow is not None:
+            yield Observation(report.overflow, {OVERFLOW_ATTRIBUTE: True})
 
     def _observe_open_connections(self, _options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(
             "observing open connections",
-            lambda: open_connection_observations(self.pool_states()),
+            lambda: open_connection_observations(self.pool_states(), self._destinations),
         )
 
     def _observe_waiting(self, _options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(
-            "observing waiting requests", lambda: waiting_observations(self.pool_states())
+            "observing waiting requests",
+            lambda: waiting_observations(self.pool_states(), self._destinations),
         )
 
     def _observe_limits(self, _options: CallbackOptions) -> Iterable[Observation]:
