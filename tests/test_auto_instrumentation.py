@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,11 @@ def test_opentelemetry_instrument_help_lists_every_flag() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    for name in vars(environment_variables):
-        if name.startswith("OTEL_PYTHON_NEMO_GYM_"):
-            assert "--" + name.removeprefix("OTEL_PYTHON_").lower() in result.stdout
+    ours = sorted(
+        "--" + name.removeprefix("OTEL_PYTHON_").lower()
+        for name in vars(environment_variables)
+        if name.startswith("OTEL_PYTHON_NEMO_GYM_")
+    )
+    assert len(ours) == 8
+    offered = sorted(set(re.findall(r"--nemo_gym_[a-z_]+", result.stdout)))
+    assert offered == ours

@@ -11,7 +11,9 @@ TCP connection), beside real connections to two loopback servers: exact and fast
 from __future__ import annotations
 
 import gc
+import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -21,6 +23,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conftest import GatedServerFactory, metric_points
 from conftest import timed_connector as make_timed
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
+from opentelemetry.instrumentation.nemo_gym import environment_variables as env
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
     OVERFLOW_ATTRIBUTE,
     DestinationBudget,
@@ -30,6 +34,10 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     OPEN_CONNECTIONS,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    QueueTimedTCPConnector,
+    build_connection_pool_connector,
+)
 
 MANY = 10_000
 
@@ -152,3 +160,93 @@ def test_destination_budget_rejects_a_non_positive_limit() -> None:
     """A budget below 1 is refused with the value named."""
     with pytest.raises(ValueError, match="max_destinations=0 must be an integer >= 1"):
         DestinationBudget(0)
+
+
+# --- OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS ----------------------------------------------------
+
+
+@pytest.fixture
+def instrumentor() -> Iterator[NemoGymInstrumentor]:
+    """The singleton instrumentor, uninstrumented before and after the test."""
+    instance = NemoGymInstrumentor()
+    instance.uninstrument()
+    yield instance
+    instance.uninstrument()
+
+
+@pytest.fixture
+def fresh_settings_warnings() -> Iterator[None]:
+    """No settings warning remembered, as in a fresh process."""
+    _settings._ONCE.reset()
+    yield
+    _settings._ONCE.reset()
+
+
+async def test_max_destinations_env_bounds_instrumented_connectors(
+    monkeypatch: pytest.MonkeyPatch,
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    """Under instrument(), a budget of 3 from the variable gives 5 destinations 3 series + 1."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
+    instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
+    connector = aiohttp.TCPConnector()
+    try:
+        assert type(connector) is QueueTimedTCPConnector
+        _synthetic(connector, range(20_000, 20_005))
+        own, overflow = _created(metric_reader)
+    finally:
+        await connector.close()
+    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
+    assert overflow == 2
+
+
+async def test_max_destinations_env_bounds_global_provider_connectors(
+    monkeypatch: pytest.MonkeyPatch,
+    global_meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    """Without instrument(), the global provider's telemetry reads the same variable."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
+    connector = build_connection_pool_connector()
+    try:
+        assert type(connector) is QueueTimedTCPConnector
+        _synthetic(connector, range(20_000, 20_005))
+        own, overflow = _created(metric_reader)
+    finally:
+        await connector.close()
+    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
+    assert overflow == 2
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "many", "3.5"])
+async def test_max_destinations_env_bad_value_warns_once_and_uses_100(
+    raw: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fresh_settings_warnings: None,
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    """A bad value gets one warning naming variable and value, and the default budget of 100."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, raw)
+    instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
+    connector = aiohttp.TCPConnector()
+    try:
+        _synthetic(connector, range(20_000, 20_105))
+        own, overflow = _created(metric_reader)
+    finally:
+        await connector.close()
+    assert len(own) == 100
+    assert overflow == 5
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == _settings.__name__ and r.levelno == logging.WARNING
+    ]
+    assert warnings == [
+        f"OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS={raw!r} is not an integer >= 1; "
+        "using the default 100"
+    ]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import require_service
+from promql_sources import dashboard_expressions
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +138,84 @@ def test_rules_queue_rules_read_both_naming_modes() -> None:
         # Milliseconds on one side become seconds like the other's.
         if "queue_wait_seconds" in rule["record"]:
             assert re.search(r"\)\)\s*/\s*1000\s+or", rule["expr"]), rule["record"]
+
+
+# --- the dashboard on both sources ----------------------------------------------------------
+
+# The rules_test.yml case with NeMo Gym's own page-004 histogram beside ours, and what each
+# queue panel of the dashboard shows for it at 10 minutes (the panels sum over jobs; "policy"
+# has both sources, "judge" is http/dup beside NeMo Gym's, counted once). Values as promtool
+# prints them: it compares exactly.
+BOTH_SOURCES_JOB = "gym_beside"
+DASHBOARD_BOTH_SOURCES = {
+    "'Queue wait p50 and p95 per destination' A": {
+        '{nemo_gym_http_destination_server_name="policy"}': 4.5,
+        '{nemo_gym_http_destination_server_name="judge"}': 0.023874999999999997,
+    },
+    "'Queue wait p50 and p95 per destination' B": {
+        '{nemo_gym_http_destination_server_name="policy"}': 0.25 + 0.25 * 5 / 6,
+        '{nemo_gym_http_destination_server_name="judge"}': 0.01375,
+    },
+    "'Binding constraint: queued waits per second by limit' A": {
+        '{nemo_gym_http_destination_server_name="policy",'
+        'nemo_gym_http_connection_pool_queue_constraint="total"}': 0.16666666666666669,
+        '{nemo_gym_http_destination_server_name="judge",'
+        'nemo_gym_http_connection_pool_queue_constraint="per_host"}': 6 / 60,
+    },
+    "'Abandoned waits per second' A": {
+        '{nemo_gym_http_destination_server_name="policy"}': 1 / 60,
+        '{nemo_gym_http_destination_server_name="policy",error_type="TimeoutError"}': 1 / 60,
+    },
+    # 10 queued waits a minute to "policy" out of 40 pool acquisitions (20 per source).
+    "'Share of pool acquisitions that had to queue' A": {
+        '{nemo_gym_http_destination_server_name="policy"}': 0.25,
+    },
+}
+CONNECTS = [
+    {
+        "series": f'gym_http_connection_pool_connect_total{{job="{BOTH_SOURCES_JOB}",'
+        f'instance="w1",otel_scope_name="{scope}",'
+        'nemo_gym_http_destination_server_name="policy"}',
+        "values": "0+20x20 400x20",
+    }
+    for scope in ("nemo.lens", "opentelemetry.instrumentation.nemo_gym")
+]
+
+
+def test_dashboard_queue_panels_count_both_sources_for_one_destination(tmp_path: Path) -> None:
+    """Each queue panel adds NeMo Gym's page-004 waits and ours in the http names up."""
+    document = yaml.safe_load(RULES_TEST.read_text())
+    (case,) = [
+        test
+        for test in document["tests"]
+        if any(BOTH_SOURCES_JOB in s["series"] for s in test["input_series"])
+    ]
+    panels = {
+        e.source.removeprefix("nemo-gym.json panel "): e.promql
+        for e in dashboard_expressions()
+        if all(name in e.promql for name in QUEUE_HISTOGRAMS)
+    }
+    assert sorted(panels) == sorted(DASHBOARD_BOTH_SOURCES)
+    tests = [
+        {
+            "expr": panels[panel],
+            "eval_time": "10m",
+            "exp_samples": [{"labels": labels, "value": value} for labels, value in want.items()],
+        }
+        for panel, want in DASHBOARD_BOTH_SOURCES.items()
+    ]
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": case["input_series"] + CONNECTS,
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "dashboard_test.yml"
+    path.write_text(yaml.safe_dump(unit, sort_keys=False))
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -67,6 +67,7 @@ def test_validate_all_warns_once_per_bad_variable(
         env.OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY: "0",
         env.OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST: "x",
         env.OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES: "inf",
+        env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS: "none",
     }
     for name, value in bad.items():
         monkeypatch.setenv(name, value)

@@ -199,6 +199,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument_connection_pool(self, meter_provider: metrics.MeterProvider | None) -> None:
         max_server_names = _settings.max_server_names()
+        max_destinations = _settings.max_destinations()
         semconv_mode = _settings.semconv_http_mode()
 
         def telemetry_of(provider: metrics.MeterProvider) -> PoolTelemetry:
@@ -207,6 +208,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 version=__version__,
                 max_server_names=max_server_names,
                 semconv_mode=semconv_mode,
+                max_destinations=max_destinations,
             )
 
         def exporting_telemetry(provider: metrics.MeterProvider) -> PoolTelemetry | None:

@@ -12,6 +12,9 @@ import os
 
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
+    DEFAULT_MAX_DESTINATIONS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ def validate_all() -> None:
         intended_concurrency,
         intended_concurrency_per_host,
         max_server_names,
+        max_destinations,
     ):
         read()
 
@@ -130,6 +134,11 @@ def intended_concurrency_per_host() -> int | None:
 def max_server_names() -> int:
     value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES, 100, minimum=1)
     return 100 if value is None else value
+
+
+def max_destinations() -> int:
+    value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, DEFAULT_MAX_DESTINATIONS, minimum=1)
+    return DEFAULT_MAX_DESTINATIONS if value is None else value
 
 
 _SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"

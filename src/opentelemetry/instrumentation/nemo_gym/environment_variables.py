@@ -74,3 +74,13 @@ Most distinct destination labels (``set_server_name``) recorded per process; lat
 recorded as ``other``, with one warning. Default 100.
 Flag: ``--nemo_gym_max_server_names``.
 """
+
+OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS = "OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS
+
+Most destinations (``server.address``/``server.port``) with series of their own per meter
+provider, in each pool instrument keyed by them; the rest share one series marked
+``otel.metric.overflow=true``. Default 100.
+Flag: ``--nemo_gym_max_destinations``.
+"""

@@ -239,6 +239,7 @@ class PoolTelemetry:
         version: str,
         max_server_names: int,
         semconv_mode: str = SemconvMode.DEFAULT,
+        max_destinations: int = DEFAULT_MAX_DESTINATIONS,
     ) -> PoolTelemetry:
         """The telemetry of ``meter_provider``, created with these settings on first use.
 
@@ -252,6 +253,7 @@ class PoolTelemetry:
                 version=version,
                 max_server_names=max_server_names,
                 semconv_mode=semconv_mode,
+                max_destinations=max_destinations,
             ),
         )
 

@@ -125,8 +125,8 @@ def global_pool_telemetry() -> PoolTelemetry | None:
     ``None`` while no provider is set (the API's proxy): nothing is counted until one is, and
     asking early never ties the telemetry to the proxy (see ``is_api_proxy``), so connectors
     built once a provider is set record into it. Settings come from the environment
-    (``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES``, ``OTEL_SEMCONV_STABILITY_OPT_IN``) the first
-    time a provider is seen.
+    (``OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES``, ``OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS``,
+    ``OTEL_SEMCONV_STABILITY_OPT_IN``) the first time a provider is seen.
     """
     provider = metrics.get_meter_provider()
     if is_api_proxy(provider):
@@ -136,6 +136,7 @@ def global_pool_telemetry() -> PoolTelemetry | None:
         version=__version__,
         max_server_names=_settings.max_server_names(),
         semconv_mode=_settings.semconv_http_mode(),
+        max_destinations=_settings.max_destinations(),
     )
 
 
