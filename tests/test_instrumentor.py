@@ -332,6 +332,29 @@ async def test_instrument_reports_each_connector_configuration_once(
         await connector.close()
 
 
+async def test_instrument_worker_count_read_at_first_report(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker count set after instrument() (NeMo Gym sets its own later) is the report's."""
+    monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_WORKERS", raising=False)
+    monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY", raising=False)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST", "1024")
+    connection_pool._REPORTED_CAPACITIES.clear()
+    instrumentor.instrument(meter_provider=meter_provider)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_WORKERS", "2")
+    with caplog.at_level(logging.INFO, logger=connection_pool.logger.name):
+        connector = aiohttp.TCPConnector(limit=51200, limit_per_host=512)
+    lines = [r.getMessage() for r in caplog.records if "aggregate_total=" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "workers=2 aggregate_total=102400 aggregate_per_host=1024 " in lines[0]
+    # 1024 intended per host over 2 workers is 512 each: exactly the limit, so no warning.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await connector.close()
+
+
 async def test_instrument_bad_environment_value_warns_once(
     instrumentor: NemoGymInstrumentor,
     meter_provider: MeterProvider,

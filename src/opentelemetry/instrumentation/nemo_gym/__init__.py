@@ -243,7 +243,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         patch = TCPConnectorPatch(
             choose,
             capacity_reporter(
-                _capacity_workers(),
+                _capacity_workers,  # read at each report: NeMo Gym may not be loaded yet
                 _settings.intended_concurrency(),
                 _settings.intended_concurrency_per_host(),
             ),
