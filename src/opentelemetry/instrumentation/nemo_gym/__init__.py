@@ -53,6 +53,7 @@ from opentelemetry.instrumentation.nemo_gym._exporting import (
 )
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
+from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
@@ -161,6 +162,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         )
 
     def _instrument(self, **kwargs: Any) -> None:
+        if in_ray_system_process():
+            # Ray's dashboard, agents and monitors inherit the environment of whoever started
+            # Ray, so they load the plugin too; their aiohttp pools are Ray's plumbing, not the
+            # application's, and are left plain (the README says why).
+            logger.debug("nemo_gym: a Ray system process; nothing instrumented")
+            return
         try:
             _settings.validate_all()  # every malformed variable warns now, once
             connection_pool = _capability_flag(

@@ -1,0 +1,229 @@
+"""The collector that ``scripts/start-collector.sh`` runs, and a Prometheus that scrapes it.
+
+Collector tests are heavy (a Go-built collector, several instrumented processes, a Prometheus
+server), so they run once, in their own ``.ci/run`` section, not in each of the four runs of
+``scripts/test.sh``: they are marked ``collector`` and run only with
+``NEMO_GYM_COLLECTOR=required``. Without it they skip with the command that runs them; with it a
+collector that does not answer fails them (``require_service`` under ``CI=true``, or a skip
+with the reason outside CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import require_service
+
+ROOT = Path(__file__).resolve().parent.parent
+START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
+STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
+RUN_COMMAND = (
+    "bash scripts/start-collector.sh && NEMO_GYM_COLLECTOR=required "
+    ".venv/bin/python -m pytest -m collector tests/"
+)
+
+
+def skip_unless_required() -> None:
+    """Skip the calling module unless ``NEMO_GYM_COLLECTOR=required`` (the heavy tests run once)."""
+    if os.environ.get("NEMO_GYM_COLLECTOR") != "required":
+        pytest.skip(
+            f"collector tests run once, in .ci/run's collector section: {RUN_COMMAND}",
+            allow_module_level=True,
+        )
+
+
+@dataclass(frozen=True)
+class Collector:
+    """The endpoints of a running collector, as ``ports.env`` records them."""
+
+    prometheus: str  # the collector's Prometheus exporter, .../metrics
+    otlp_endpoint: str  # OTLP over HTTP, http://127.0.0.1:<port>
+    self_metrics: str  # the collector's own metrics (CPU, memory, accepted points)
+
+
+def read_ports(state_dir: Path = STATE_DIR) -> dict[str, str]:
+    """``KEY=value`` lines of ``ports.env``; empty when there is none."""
+    path = state_dir / "ports.env"
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {pair[0]: pair[1] for pair in pairs}
+
+
+def http_status(url: str, timeout: float = 2.0) -> int:
+    """The status a GET of ``url`` answers with; 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def running_collector() -> Collector:
+    """The collector ``scripts/start-collector.sh`` started; skips (fails in CI) without one."""
+    ports = read_ports()
+    collector = Collector(
+        prometheus=ports.get("COLLECTOR_PROMETHEUS", ""),
+        otlp_endpoint=ports.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+        self_metrics=ports.get("COLLECTOR_SELF_METRICS", ""),
+    )
+    up = bool(ports) and http_status(collector.prometheus) == 200
+    # The OTLP/HTTP receiver answers a GET of its path with 405 Method Not Allowed.
+    up = up and http_status(collector.otlp_endpoint + "/v1/metrics") == 405
+    require_service(up, f"no collector answers (see {STATE_DIR}); run: bash {START_COLLECTOR}")
+    return collector
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class Prometheus:
+    """A Prometheus server's query API."""
+
+    url: str
+    log: Path
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET an API path; return its ``data`` (fails on an error status)."""
+        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as error:
+            body = json.load(error)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's vector."""
+        data = self.api("query", query=promql)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def values(self, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
+        """``promql``'s samples keyed by the given labels."""
+        return {
+            tuple(s["metric"].get(label, "") for label in labels): float(s["value"][1])
+            for s in self.query(promql)
+        }
+
+    def wait_for(self, what: str, done: Callable[[], bool], bound_s: float = 90.0) -> None:
+        """Poll ``done`` until true; fail after ``bound_s`` (a generous bound, not a timer)."""
+        deadline = time.monotonic() + bound_s
+        while not _true(done):
+            if time.monotonic() > deadline:
+                pytest.fail(f"never {what}; Prometheus log:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.25)
+
+
+def _true(done: Callable[[], bool]) -> bool:
+    try:
+        return done()
+    except (OSError, AssertionError, KeyError, ValueError):
+        return False
+
+
+def scrape_config(target: str, interval_s: float = 1.0, rule_files: tuple[Path, ...] = ()) -> str:
+    """Prometheus configuration scraping the collector's exporter at ``target`` (host:port).
+
+    ``honor_labels``: the collector sets ``job`` and ``instance`` from each process's
+    ``service.name`` and ``service.instance.id``; without it Prometheus would rename them to
+    ``exported_job``/``exported_instance`` and put the collector's own address in their place.
+    """
+    interval = f"{interval_s:g}s"
+    rules = "".join(f"  - {json.dumps(str(path))}\n" for path in rule_files)
+    return (
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+        + (f"rule_files:\n{rules}" if rules else "")
+        + "scrape_configs:\n"
+        "  - job_name: otel_collector\n"
+        "    honor_labels: true\n"
+        f"    scrape_interval: {interval}\n"
+        f"    scrape_timeout: {interval}\n"
+        "    static_configs:\n"
+        f"      - targets: ['{target}']\n"
+    )
+
+
+@contextmanager
+def prometheus_scraping(
+    collector: Collector, workdir: Path, rule_files: tuple[Path, ...] = ()
+) -> Iterator[Prometheus]:
+    """A real Prometheus (Debian's binary) scraping ``collector`` every second."""
+    binary = shutil.which("prometheus")
+    require_service(
+        binary is not None, "the prometheus binary is not on PATH (apt-get install prometheus)"
+    )
+    assert binary is not None
+    target = urllib.parse.urlsplit(collector.prometheus).netloc
+    config = workdir / "prometheus.yml"
+    config.write_text(scrape_config(target, rule_files=rule_files))
+    port = free_port()
+    log = workdir / "prometheus.log"
+    with log.open("w") as log_file:
+        server = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            prometheus = Prometheus(url=f"http://127.0.0.1:{port}", log=log)
+            prometheus.wait_for(
+                "scraped the collector",
+                lambda: bool(prometheus.query('up{job="otel_collector"} == 1')),
+            )
+            yield prometheus
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=10)
+
+
+def otlp_environment(collector: Collector, service: str, instance: str) -> dict[str, str]:
+    """The environment of a process exporting metrics over OTLP/HTTP to ``collector``."""
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("OTEL_")]:
+        del env[key]
+    env.update(
+        OTEL_SERVICE_NAME=service,
+        OTEL_RESOURCE_ATTRIBUTES=f"service.instance.id={instance}",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_endpoint,
+        OTEL_METRIC_EXPORT_INTERVAL="1000",
+    )
+    return env
