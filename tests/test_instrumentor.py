@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -435,3 +438,41 @@ async def test_instrument_with_proxy_tracer_provider_skips_processor(
     with caplog.at_level(logging.DEBUG, logger="opentelemetry.instrumentation.nemo_gym"):
         instrumentor.instrument(tracer_provider=ProxyTracerProvider(), connection_pool=False)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+_OWN_LINES_SCRIPT = """
+import asyncio, aiohttp
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+NemoGymInstrumentor().instrument(meter_provider=MeterProvider([InMemoryMetricReader()]))
+
+async def main():
+    await aiohttp.TCPConnector(limit=33).close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("level", ["info", ""])
+def test_log_level_variable_prints_own_lines_in_unconfigured_process(level: str) -> None:
+    """OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=info shows the status and capacity lines; unset, nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_PYTHON_NEMO_GYM_LOG_LEVEL"] = level
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_LINES_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stderr.splitlines()
+    status = [line for line in lines if line.startswith("INFO opentelemetry.instrumentation")]
+    capacity = [line for line in lines if "workers=1 aggregate_total=33 " in line]
+    if level:
+        assert len(capacity) == 1, done.stderr
+        assert any("connection_pool=on" in line for line in status), done.stderr
+    else:
+        assert (status, capacity) == ([], []), done.stderr

@@ -121,6 +121,30 @@ def _capability_flag(
     return default
 
 
+_STDERR_HANDLER: logging.Handler | None = None
+
+
+def _show_own_lines(level: int | None) -> None:
+    """Print this package's log lines at ``level`` and above to stderr (``None``: leave it).
+
+    For processes whose logging nobody configures, NeMo Gym's servers among them: there the
+    status line and the capacity report (INFO) would otherwise never be seen. The handler is
+    installed once; the lines stop propagating, so a configured root logger does not print
+    them twice.
+    """
+    global _STDERR_HANDLER
+    if level is None:
+        return
+    package = logging.getLogger(__name__)
+    if _STDERR_HANDLER is None:
+        _STDERR_HANDLER = logging.StreamHandler()  # sys.stderr, looked up at each line
+        _STDERR_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(_STDERR_HANDLER)
+    _STDERR_HANDLER.setLevel(level)
+    package.setLevel(level)
+    package.propagate = False
+
+
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Instrument aiohttp connection pools and sandbox providers for OpenTelemetry.
 
@@ -179,6 +203,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
+        try:
+            _show_own_lines(_settings.log_level())
+        except Exception:
+            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
         if connection_pool:
             try:
                 self._instrument_connection_pool(kwargs.get("meter_provider"))
