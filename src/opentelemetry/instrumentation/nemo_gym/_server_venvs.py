@@ -86,7 +86,7 @@ def _nemo_gym(module: str) -> Any:
         return importlib.import_module(module)
     except ImportError as error:
         raise RuntimeError(
-            f"nemo-gym-otel server-venvs needs nemo-gym in this environment ({error}); "
+            f"needs nemo-gym in this environment ({error}); "
             "run it from the virtualenv that runs `gym`"
         ) from error
 
