@@ -54,6 +54,12 @@ MODEL = "policy_model"
 SERVERS = (RESOURCES, AGENT, MODEL)
 POOL_PREFIX = "gym_http_connection_pool_"
 CONNECT_TOTAL = "gym_http_connection_pool_connect_total"
+# NEMO_GYM_DEPLOYMENT_KILL_AFTER=1: SIGKILL each server process that long after the SIGINT.
+KILL_AFTER_S = (
+    float(os.environ["NEMO_GYM_DEPLOYMENT_KILL_AFTER"])
+    if os.environ.get("NEMO_GYM_DEPLOYMENT_KILL_AFTER")
+    else None
+)
 UV_CACHE = Path.home() / ".cache" / "nemo-gym-otel" / "uv"
 
 
@@ -336,6 +342,13 @@ def run_deployment(venv: Path) -> Deployment:
                 if _describe(pid).strip() == "python app.py"
             }
             os.killpg(gym.pid, signal.SIGINT)
+            if KILL_AFTER_S is not None:
+                # What NeMo Gym means to do (its kill lands on each server's shell instead):
+                # SIGKILL the servers themselves KILL_AFTER_S after the SIGINT.
+                time.sleep(KILL_AFTER_S)
+                for pid in servers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             exit_seconds = _exit_times(list(servers), bound_s=60)
             try:
                 gym_exit: int | None = gym.wait(timeout=120)

@@ -476,3 +476,61 @@ def test_log_level_variable_prints_own_lines_in_unconfigured_process(level: str)
         assert any("connection_pool=on" in line for line in status), done.stderr
     else:
         assert (status, capacity) == ([], []), done.stderr
+
+
+_EXIT_FLUSH_SCRIPT = """
+import asyncio, atexit, os, sys
+import aiohttp
+from aiohttp import web
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+reader = PeriodicExportingMetricReader(
+    ConsoleMetricExporter(out=sys.stdout), export_interval_millis=600_000
+)
+metrics.set_meter_provider(MeterProvider([reader]))
+NemoGymInstrumentor().instrument()
+
+def killed_while_exiting():
+    # Registered before the first connector, like NeMo Gym's and Ray's handlers: a process
+    # killed in a slow exit handler never reaches the SDK's own final export.
+    print("KILLED", flush=True)
+    os._exit(0)
+
+atexit.register(killed_while_exiting)
+
+async def main():
+    app = web.Application()
+    app.router.add_get("/", lambda request: web.Response(text="ok"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.get(f"http://127.0.0.1:{port}/") as response:
+                await response.read()
+    await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+def test_exit_flush_exports_before_earlier_exit_handlers() -> None:
+    """The counts leave at exit before handlers registered earlier run (and may be killed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_FLUSH_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    exported, _, after = done.stdout.partition("KILLED")
+    assert "gym.http.connection_pool.connect_total" in exported, done.stdout[-2000:]
+    assert '"value": 3' in exported, exported[-3000:]
+    assert after.strip() == ""

@@ -47,6 +47,7 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     TCPConnectorPatch,
     capacity_reporter,
 )
+from opentelemetry.instrumentation.nemo_gym._exit_flush import flush_at_exit
 from opentelemetry.instrumentation.nemo_gym._exporting import (
     metrics_deliberately_off,
     metrics_export_status,
@@ -244,6 +245,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         def exporting_telemetry(provider: metrics.MeterProvider) -> PoolTelemetry | None:
             exporting, reason = metrics_export_status(provider)
             if exporting:
+                # Registered now, after the application's imports: it runs before their
+                # exit handlers, so the last counts leave before a kill (see _exit_flush).
+                flush_at_exit(provider)
                 return telemetry_of(provider)
             if not metrics_deliberately_off():
                 # The first five minutes: installed, instrumented, and a pool that is not
