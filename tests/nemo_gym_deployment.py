@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +99,10 @@ def free_port() -> int:
         return port
 
 
-def _wait_for(what: str, done: object, bound_s: float) -> None:
+def _wait_for(what: str, done: Callable[[], bool], bound_s: float) -> None:
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
-        if done():  # type: ignore[operator]
+        if done():
             return
         time.sleep(0.5)
     raise AssertionError(f"{what}: not within {bound_s:.0f} s")

@@ -23,6 +23,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -190,8 +191,6 @@ def _split(requirements: Sequence[str]) -> list[str]:
 
 
 def _quote(token: str) -> str:
-    import shlex
-
     return shlex.quote(token)
 
 
