@@ -108,10 +108,11 @@ def test_deployment_connects_equal_requests_served(deployment: Deployment) -> No
     agent = services[AGENT]
     assert connects_to(agent, MODEL) == deployment.served, table(deployment)
     # Per rollout the agent calls the resources server three times (seed_session, the
-    # get_weather tool, verify); one call more per process, as the CLI's one more /run
-    # below (the run counted the same 901 and 301).
+    # get_weather tool, verify), and once at the end it forwards the CLI's one
+    # /aggregate_metrics call there; the CLI makes one /run per rollout plus that call.
     assert connects_to(agent, RESOURCES) == 3 * ROLLOUTS + 1, table(deployment)
-    # The CLI: one /run per rollout to the agent, plus one.
+    # Its /run posts to its own /v1/responses once per rollout.
+    assert connects_to(agent, AGENT) == ROLLOUTS, table(deployment)
     cli = [p for p in services["gym"] if p.connects]
     assert connects_to(cli, AGENT) == ROLLOUTS + 1, table(deployment)
 
