@@ -104,6 +104,6 @@ def test_opentelemetry_instrument_help_lists_every_flag() -> None:
         for name in vars(environment_variables)
         if name.startswith("OTEL_PYTHON_NEMO_GYM_")
     )
-    assert len(ours) == 8
+    assert len(ours) == 9
     offered = sorted(set(re.findall(r"--nemo_gym_[a-z_]+", result.stdout)))
     assert offered == ours

@@ -220,3 +220,44 @@ def test_nemo_gym_otel_report_is_pipeable() -> None:
     )
     assert result.stdout.splitlines() == ["aggregate_total=8", "aggregate_per_host=unlimited"]
     assert "warning: intended per-worker concurrency 10" in result.stderr
+
+
+def test_server_venvs_without_nemo_gym_stack_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without NeMo Gym's configuration stack it says what is missing and where to run it."""
+    pytest.importorskip("nemo_gym")  # the suite installs the wheel alone, without hydra
+    try:
+        import hydra  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("NeMo Gym's full stack is installed here; see test_nemo_gym_deployment.py")
+    assert main(["server-venvs", "--config", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nemo-gym-otel server-venvs: error: needs nemo-gym in this environment")
+    assert "run it from the virtualenv that runs `gym`" in err
+
+
+def test_server_venvs_help_lists_gym_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    """`server-venvs --help` explains the step and the flag to start with afterwards."""
+    assert main(["server-venvs", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "GYM_ENV_START_ARGS" in out
+    assert "+skip_venv_if_present=true" in out
+
+
+def test_opentelemetry_requirements_pins_this_environment() -> None:
+    """The server venvs get this environment's OpenTelemetry packages, at its versions."""
+    from importlib.metadata import version
+
+    from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
+
+    wanted = opentelemetry_requirements()
+    assert f"opentelemetry-sdk=={version('opentelemetry-sdk')}" in wanted
+    assert f"opentelemetry-api=={version('opentelemetry-api')}" in wanted
+    # Every other entry is `opentelemetry-<name>==<version>`; this package may be a path.
+    ours = [r for r in wanted if not r.startswith("opentelemetry-") or "nemo-gym" in r]
+    # This checkout is installed editable by scripts/test.sh: it goes in by its path.
+    root = str(Path(__file__).resolve().parent.parent)
+    assert ours == [f"-e {root}"] or ours == [
+        f"opentelemetry-instrumentation-nemo-gym=={__version__}"
+    ]

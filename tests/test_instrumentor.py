@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -332,6 +335,29 @@ async def test_instrument_reports_each_connector_configuration_once(
         await connector.close()
 
 
+async def test_instrument_worker_count_read_at_first_report(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker count set after instrument() (NeMo Gym sets its own later) is the report's."""
+    monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_WORKERS", raising=False)
+    monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY", raising=False)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST", "1024")
+    connection_pool._REPORTED_CAPACITIES.clear()
+    instrumentor.instrument(meter_provider=meter_provider)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_WORKERS", "2")
+    with caplog.at_level(logging.INFO, logger=connection_pool.logger.name):
+        connector = aiohttp.TCPConnector(limit=51200, limit_per_host=512)
+    lines = [r.getMessage() for r in caplog.records if "aggregate_total=" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "workers=2 aggregate_total=102400 aggregate_per_host=1024 " in lines[0]
+    # 1024 intended per host over 2 workers is 512 each: exactly the limit, so no warning.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await connector.close()
+
+
 async def test_instrument_bad_environment_value_warns_once(
     instrumentor: NemoGymInstrumentor,
     meter_provider: MeterProvider,
@@ -412,3 +438,99 @@ async def test_instrument_with_proxy_tracer_provider_skips_processor(
     with caplog.at_level(logging.DEBUG, logger="opentelemetry.instrumentation.nemo_gym"):
         instrumentor.instrument(tracer_provider=ProxyTracerProvider(), connection_pool=False)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+_OWN_LINES_SCRIPT = """
+import asyncio, aiohttp
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+NemoGymInstrumentor().instrument(meter_provider=MeterProvider([InMemoryMetricReader()]))
+
+async def main():
+    await aiohttp.TCPConnector(limit=33).close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("level", ["info", ""])
+def test_log_level_variable_prints_own_lines_in_unconfigured_process(level: str) -> None:
+    """OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=info shows the status and capacity lines; unset, nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_PYTHON_NEMO_GYM_LOG_LEVEL"] = level
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_LINES_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stderr.splitlines()
+    status = [line for line in lines if line.startswith("INFO opentelemetry.instrumentation")]
+    capacity = [line for line in lines if "workers=1 aggregate_total=33 " in line]
+    if level:
+        assert len(capacity) == 1, done.stderr
+        assert any("connection_pool=on" in line for line in status), done.stderr
+    else:
+        assert (status, capacity) == ([], []), done.stderr
+
+
+_EXIT_FLUSH_SCRIPT = """
+import asyncio, atexit, os, sys
+import aiohttp
+from aiohttp import web
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+reader = PeriodicExportingMetricReader(
+    ConsoleMetricExporter(out=sys.stdout), export_interval_millis=600_000
+)
+metrics.set_meter_provider(MeterProvider([reader]))
+NemoGymInstrumentor().instrument()
+
+def killed_while_exiting():
+    # Registered before the first connector, like NeMo Gym's and Ray's handlers: a process
+    # killed in a slow exit handler never reaches the SDK's own final export.
+    print("KILLED", flush=True)
+    os._exit(0)
+
+atexit.register(killed_while_exiting)
+
+async def main():
+    app = web.Application()
+    app.router.add_get("/", lambda request: web.Response(text="ok"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.get(f"http://127.0.0.1:{port}/") as response:
+                await response.read()
+    await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+def test_exit_flush_exports_before_earlier_exit_handlers() -> None:
+    """The counts leave at exit before handlers registered earlier run (and may be killed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_FLUSH_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    exported, _, after = done.stdout.partition("KILLED")
+    assert "gym.http.connection_pool.connect_total" in exported, done.stdout[-2000:]
+    assert '"value": 3' in exported, exported[-3000:]
+    assert after.strip() == ""

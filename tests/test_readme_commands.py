@@ -39,18 +39,38 @@ once = pytest.mark.skipif(
 pytestmark = pytest.mark.integration
 
 _RECURSES = "it runs this very test suite: running it from here would recurse"
+_DEPLOYMENT = (
+    "the NeMo Gym deployment walk-through (Python 3.12, nemo-gym 0.4.0, Ray, a collector): "
+    "tests/test_nemo_gym_deployment.py runs these steps, in .ci/run's own section"
+)
+_NEMO_GYM_DEPLOYMENT = (
+    "python3.12 -m venv .venv && source .venv/bin/activate",
+    "pip install nemo-gym==0.4.0 uv opentelemetry-distro opentelemetry-instrumentation-nemo-gym",
+    "export UV_PYTHON_DOWNLOADS=never",
+    "export OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=nemo_gym "
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf "
+    "OTEL_METRIC_EXPORT_INTERVAL=15000 OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=info",
+    'cfg="--config '
+    "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml "
+    "--config responses_api_models/openai_model/configs/openai_model.yaml "
+    '--model-url http://127.0.0.1:8000/v1 --model-api-key $OPENAI_API_KEY --model my-model"',
+    "nemo-gym-otel server-venvs $cfg",
+    "opentelemetry-instrument --metrics_exporter otlp --traces_exporter none --logs_exporter none "
+    "-- gym env start $cfg +skip_venv_if_present=true",
+    "opentelemetry-instrument --metrics_exporter otlp --traces_exporter none --logs_exporter none "
+    "-- gym eval run --no-serve --agent example_single_tool_call_simple_agent "
+    "--input data.jsonl --output rollouts.jsonl",
+)
 NOT_RUN_HERE = {
     "pip install opentelemetry-instrumentation-nemo-gym": (
         "the distribution is not on PyPI yet; the install-from-source line next to it is run"
-    ),
-    "pip install opentelemetry-instrumentation-nemo-gym opentelemetry-distro": (
-        "the distribution is not on PyPI yet; the install-from-source line is run"
     ),
     "opentelemetry-instrument --traces_exporter console --metrics_exporter console "
     "--logs_exporter none python your_nemo_gym_app.py": (
         "a placeholder for the user's application; the same command on "
         "examples/nemo_gym_sandbox.py is run"
     ),
+    **dict.fromkeys(_NEMO_GYM_DEPLOYMENT, _DEPLOYMENT),
     "bash scripts/test.sh": _RECURSES,
     "bash scripts/test.sh -x -q": _RECURSES,
     "CI=true bash .ci/run": (

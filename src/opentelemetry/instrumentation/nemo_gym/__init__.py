@@ -47,12 +47,14 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     TCPConnectorPatch,
     capacity_reporter,
 )
+from opentelemetry.instrumentation.nemo_gym._exit_flush import flush_at_exit
 from opentelemetry.instrumentation.nemo_gym._exporting import (
     metrics_deliberately_off,
     metrics_export_status,
 )
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
+from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
@@ -123,6 +125,30 @@ def _capability_flag(
     return default
 
 
+_STDERR_HANDLER: logging.Handler | None = None
+
+
+def _show_own_lines(level: int | None) -> None:
+    """Print this package's log lines at ``level`` and above to stderr (``None``: leave it).
+
+    For processes whose logging nobody configures, NeMo Gym's servers among them: there the
+    status line and the capacity report (INFO) would otherwise never be seen. The handler is
+    installed once; the lines stop propagating, so a configured root logger does not print
+    them twice.
+    """
+    global _STDERR_HANDLER
+    if level is None:
+        return
+    package = logging.getLogger(__name__)
+    if _STDERR_HANDLER is None:
+        _STDERR_HANDLER = logging.StreamHandler()  # sys.stderr, looked up at each line
+        _STDERR_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(_STDERR_HANDLER)
+    _STDERR_HANDLER.setLevel(level)
+    package.setLevel(level)
+    package.propagate = False
+
+
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Instrument aiohttp connection pools and sandbox providers for OpenTelemetry.
 
@@ -164,6 +190,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         )
 
     def _instrument(self, **kwargs: Any) -> None:
+        if in_ray_system_process():
+            # Ray's dashboard, agents and monitors inherit the environment of whoever started
+            # Ray, so they load the plugin too; their aiohttp pools are Ray's plumbing, not the
+            # application's, and are left plain (the README says why).
+            logger.debug("nemo_gym: a Ray system process; nothing instrumented")
+            return
         try:
             _settings.validate_all()  # every malformed variable warns now, once
             connection_pool = _capability_flag(
@@ -175,6 +207,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
+        try:
+            _show_own_lines(_settings.log_level())
+        except Exception:
+            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
         if connection_pool:
             try:
                 self._instrument_connection_pool(kwargs.get("meter_provider"))
@@ -214,6 +250,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         def exporting_telemetry(provider: metrics.MeterProvider) -> PoolTelemetry | None:
             exporting, reason = metrics_export_status(provider)
             if exporting:
+                # Registered now, after the application's imports: it runs before their
+                # exit handlers, so the last counts leave before a kill (see _exit_flush).
+                flush_at_exit(provider)
                 return telemetry_of(provider)
             if not metrics_deliberately_off():
                 # The first five minutes: installed, instrumented, and a pool that is not
@@ -250,7 +289,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         patch = TCPConnectorPatch(
             choose,
             capacity_reporter(
-                _capacity_workers(),
+                _capacity_workers,  # read at each report: NeMo Gym may not be loaded yet
                 _settings.intended_concurrency(),
                 _settings.intended_concurrency_per_host(),
             ),

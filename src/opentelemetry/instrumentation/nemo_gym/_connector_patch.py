@@ -145,28 +145,33 @@ def nemo_gym_reports_capacity() -> bool:
 
 
 def capacity_reporter(
-    workers: int, intended: int | None, intended_per_host: int | None
+    workers: Callable[[], int], intended: int | None, intended_per_host: int | None
 ) -> Callable[[aiohttp.TCPConnector], None]:
     """Report each constructed connector's pool sizing through the capacity report.
 
-    A connector's limits are what *this* process may use; the report takes budgets for the
-    whole process group of ``workers`` and divides them, so they are multiplied back here,
-    which keeps that division exact. Intended demand is the operator's, for the group.
-    ``report_connection_pool_capacity`` logs each distinct configuration once. Nothing is
-    reported while NeMo Gym's own connection-pool module is loaded: NeMo Gym reports its pool
-    sizing itself, in the same words, and the line must appear once.
+    ``workers()`` is asked at each report, not when the reporter is made: under
+    ``opentelemetry-instrument`` the instrumentor runs before the application imports NeMo
+    Gym, whose worker count (``NEMO_GYM_FASTAPI_NUM_WORKERS``, set by its server launcher) is
+    only known once its ``server_utils`` is loaded, which is by the time its client builds a
+    connector. A connector's limits are what *this* process may use; the report takes budgets
+    for the whole process group and divides them, so they are multiplied back here, which
+    keeps that division exact. Intended demand is the operator's, for the group.
+    ``report_connection_pool_capacity`` logs each distinct (workers, configuration) once.
+    Nothing is reported while NeMo Gym's own connection-pool module is loaded: NeMo Gym reports
+    its pool sizing itself, in the same words, and the line must appear once.
     """
 
     def report(connector: aiohttp.TCPConnector) -> None:
         if nemo_gym_reports_capacity():
             return
+        group = workers()
         limit, limit_per_host = connector.limit, connector.limit_per_host
         cfg = _PoolConfig(
-            global_aiohttp_connector_limit=limit * workers,
-            global_aiohttp_connector_limit_per_host=limit_per_host * workers,
+            global_aiohttp_connector_limit=limit * group,
+            global_aiohttp_connector_limit_per_host=limit_per_host * group,
             global_aiohttp_intended_concurrency=intended,
             global_aiohttp_intended_concurrency_per_host=intended_per_host,
         )
-        report_connection_pool_capacity(cfg, connection_pool_capacity(cfg, workers))
+        report_connection_pool_capacity(cfg, connection_pool_capacity(cfg, group))
 
     return report

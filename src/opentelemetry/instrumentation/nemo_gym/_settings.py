@@ -101,6 +101,7 @@ def validate_all() -> None:
         intended_concurrency_per_host,
         max_server_names,
         max_destinations,
+        log_level,
     ):
         read()
 
@@ -139,6 +140,22 @@ def max_server_names() -> int:
 def max_destinations() -> int:
     value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, DEFAULT_MAX_DESTINATIONS, minimum=1)
     return DEFAULT_MAX_DESTINATIONS if value is None else value
+
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LOG_LEVELS["error"] = logging.ERROR
+
+
+def log_level() -> int | None:
+    """The level of ``OTEL_PYTHON_NEMO_GYM_LOG_LEVEL``; ``None`` when unset (or not a level)."""
+    name = env.OTEL_PYTHON_NEMO_GYM_LOG_LEVEL
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    level = _LOG_LEVELS.get(raw.strip().lower())
+    if level is None:
+        _warn_once(name, raw, "one of debug, info, warning, error", None)
+    return level
 
 
 _SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"

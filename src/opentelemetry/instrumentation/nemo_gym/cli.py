@@ -5,6 +5,9 @@
 and any warnings to stderr, and exits 0 when the configuration is safe, 1 on an unsafe
 mismatch between intended demand and capacity, and 2 on bad input (with the reason, naming
 the flag as typed). ``--json`` prints one JSON object instead, for scripts.
+
+``nemo-gym-otel server-venvs <gym env start arguments>`` builds the virtualenvs ``gym env
+start`` runs its servers in, with OpenTelemetry and this plugin in each (``_server_venvs``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from opentelemetry.instrumentation.nemo_gym import _server_venvs
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     FieldNames,
@@ -100,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     capacity.add_argument(
         "--json", action="store_true", help="print one JSON object to stdout instead, for scripts"
     )
+    _server_venvs.add_parser(commands)
     return parser
 
 
@@ -136,8 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 safe, 1 unsafe mismatch, 2 bad input; the reason for 1 or 2 is printed to stderr.
     """
     parser = _parser()
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["server-venvs"] and not {"-h", "--help"} & set(arguments[1:2]):
+        # Everything after the subcommand is gym's (its flags look like ours to argparse).
+        return _server_venvs_command(arguments[1:])
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(arguments)
     except _UsageError as error:
         error.parser.print_usage(sys.stderr)
         print(f"{error.parser.prog}: error: {error}", file=sys.stderr)
@@ -149,6 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _capacity(args)
     except ValueError as error:
         print(f"{_PROG} capacity: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _server_venvs_command(gym_args: list[str]) -> int:
+    try:
+        return _server_venvs.prepare(gym_args)
+    except (RuntimeError, ValueError) as error:
+        print(f"{_PROG} server-venvs: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

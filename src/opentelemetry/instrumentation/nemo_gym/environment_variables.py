@@ -84,3 +84,15 @@ provider, in each pool instrument keyed by them; the rest share one series marke
 ``otel.metric.overflow=true``. Default 100.
 Flag: ``--nemo_gym_max_destinations``.
 """
+
+OTEL_PYTHON_NEMO_GYM_LOG_LEVEL = "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL
+
+``debug``, ``info``, ``warning`` or ``error``: print this instrumentation's own log lines (the
+status line, the capacity report, its warnings) at that level and above to stderr, in
+processes whose logging nobody configured, such as NeMo Gym's servers (Python then shows
+warnings only). The lines then go to that stderr handler only, not on to the root logger.
+Unset by default (the application's logging configuration decides).
+Flag: ``--nemo_gym_log_level``.
+"""

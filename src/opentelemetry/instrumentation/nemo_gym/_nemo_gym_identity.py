@@ -1,0 +1,207 @@
+"""Which NeMo Gym server a process is, from what ``gym env start`` hands it.
+
+Pure functions over an environment mapping and ``argv``: no I/O, no OpenTelemetry.
+
+``gym env start`` (nemo-gym 0.4.0, ``nemo_gym/cli/env.py``) runs each server as
+``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python app.py`` in the server's
+folder, where ``<yaml>`` is the whole merged configuration (``OmegaConf.to_yaml``) and
+``<name>`` the server's top-level key. A server block has three levels::
+
+    policy_model:              # the server's name (what ServerClient and our labels use)
+      responses_api_models:    # its type
+        openai_model:          # its implementation
+          entrypoint: app.py
+          num_workers: 2       # uvicorn workers (NeMo Gym sets NEMO_GYM_FASTAPI_NUM_WORKERS)
+
+With ``num_workers > 1``, NeMo Gym sets ``IS_NEMO_GYM_FASTAPI_WORKER=1`` in its own process
+just before ``uvicorn.run(workers=...)``, so every worker process uvicorn spawns has it from
+its first instruction, and the process ``gym env start`` launched does not have it when the
+SDK starts.
+
+The configuration holds credentials (``policy_api_key``, ``hf_token``, model API keys inside
+server blocks). Nothing here returns, logs or raises with a configuration *value* except the
+one integer ``num_workers``: the YAML is scanned line by line for the keys above, never parsed
+into an object, and a problem is reported by variable and key name only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Final
+
+from opentelemetry.util.types import AttributeValue
+
+CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
+CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"
+FASTAPI_WORKER_VARIABLE: Final = "IS_NEMO_GYM_FASTAPI_WORKER"
+FASTAPI_NUM_WORKERS_VARIABLE: Final = "NEMO_GYM_FASTAPI_NUM_WORKERS"
+NUM_WORKERS_KEY: Final = "num_workers"
+
+ATTR_SERVICE_NAME: Final = "service.name"
+# NeMo Gym's own words for the three levels of a server block ("unique server name", "server
+# type", "server implementation"); the name is the value NeMo Gym's ServerClient and our
+# `nemo.gym.http.destination.server.name` label use, so a destination joins to its process.
+ATTR_SERVER_NAME: Final = "nemo.gym.server.name"
+ATTR_SERVER_TYPE: Final = "nemo.gym.server.type"
+ATTR_SERVER_IMPLEMENTATION: Final = "nemo.gym.server.implementation"
+ATTR_SERVER_WORKERS: Final = "nemo.gym.server.workers"
+ATTR_UVICORN_WORKER: Final = "nemo.gym.server.uvicorn_worker"
+
+# NeMo Gym 0.4.0's console scripts: `gym`, `ng`, and the legacy `ng_*` / `nemo_gym_*`.
+_CLI_NAMES: Final = frozenset({"gym", "ng"})
+_CLI_PREFIXES: Final = ("ng_", "nemo_gym_")
+
+Warn = Callable[[str], None]
+
+
+def nemo_gym_server_attributes(environ: Mapping[str, str], warn: Warn) -> dict[str, AttributeValue]:
+    """The resource attributes of a NeMo Gym server process; empty elsewhere.
+
+    ``warn`` receives a message naming the variable and key, never a value from the
+    configuration. Never raises for any string input.
+    """
+    name = environ.get(CONFIG_PATH_VARIABLE, "").strip()
+    if not name:
+        return {}
+    attributes: dict[str, AttributeValue] = {
+        ATTR_SERVICE_NAME: name,
+        ATTR_SERVER_NAME: name,
+        ATTR_UVICORN_WORKER: environ.get(FASTAPI_WORKER_VARIABLE) == "1",
+    }
+    config = environ.get(CONFIG_DICT_VARIABLE)
+    if not config:
+        warn(
+            f"{CONFIG_PATH_VARIABLE} names the NeMo Gym server {name!r} but "
+            f"{CONFIG_DICT_VARIABLE} is unset: its type and implementation are not known"
+        )
+        return attributes
+    block = server_block(config, name)
+    if block is None:
+        warn(
+            f"{CONFIG_DICT_VARIABLE} has no server block {name!r} (from {CONFIG_PATH_VARIABLE}) "
+            "of the form <name>: <type>: <implementation>: ...; its type and implementation "
+            "are not known"
+        )
+        return attributes
+    server_type, implementation, num_workers = block
+    attributes[ATTR_SERVER_TYPE] = server_type
+    attributes[ATTR_SERVER_IMPLEMENTATION] = implementation
+    workers = _positive_int(num_workers)
+    if num_workers is not None and workers is None and not num_workers.startswith("${"):
+        # The value is not shown: in this configuration any field may hold a credential.
+        warn(
+            f"{CONFIG_DICT_VARIABLE}: {name}.{server_type}.{implementation}.{NUM_WORKERS_KEY} "
+            "is not a positive integer (value not shown); the worker count is left out"
+        )
+    if workers is not None:
+        attributes[ATTR_SERVER_WORKERS] = workers
+    return attributes
+
+
+def nemo_gym_cli_attributes(argv: Sequence[str]) -> dict[str, AttributeValue]:
+    """``service.name`` for NeMo Gym's own command line (``gym eval run``, ``ng_run``, ...)."""
+    if not argv:
+        return {}
+    program = os.path.basename(argv[0])
+    if program in _CLI_NAMES or program.startswith(_CLI_PREFIXES):
+        return {ATTR_SERVICE_NAME: program}
+    return {}
+
+
+def server_block(config_yaml: str, name: str) -> tuple[str, str, str | None] | None:
+    """``(type, implementation, raw num_workers or None)`` of server ``name``, or ``None``.
+
+    Reads the block layout ``OmegaConf.to_yaml`` writes (block style, two-space indents).
+    Only keys are compared; the one value returned is ``num_workers``'s, as written.
+    """
+    lines = _keyed_lines(config_yaml)
+    for indent, key, value in lines:
+        if indent == 0 and key == name and not value:
+            break
+    else:
+        return None
+    levels: list[tuple[int, str]] = []  # (indent, key) of the type, then the implementation
+    fields_indent: int | None = None
+    num_workers: str | None = None
+    for indent, key, value in lines:
+        if indent == 0:
+            break  # the next top-level key: the block has ended
+        if len(levels) < 2:
+            if levels and indent <= levels[-1][0]:
+                return None  # a sibling where the next level should begin: not a server block
+            if value:
+                return None  # a scalar where a level should be: not a server block
+            levels.append((indent, key))
+            continue
+        if indent <= levels[1][0]:
+            break  # the implementation's mapping has ended
+        if fields_indent is None:
+            fields_indent = indent
+        if indent == fields_indent and key == NUM_WORKERS_KEY:
+            num_workers = value
+    if len(levels) < 2:
+        return None
+    return levels[0][1], levels[1][1], num_workers
+
+
+def _keyed_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """``(indent, key, value text)`` of each ``key: value`` or ``key:`` line, lazily."""
+    for line in text.splitlines():
+        content = line.lstrip(" ")
+        if not content or content[0] in "#-":
+            continue
+        parsed = _split_key(content)
+        if parsed is not None:
+            yield len(line) - len(content), parsed[0], parsed[1]
+
+
+def _split_key(content: str) -> tuple[str, str] | None:
+    """Split ``key: value`` where the key may be plain, 'single' or "double" quoted."""
+    if content[0] == "'":
+        end = 1
+        while True:
+            end = content.find("'", end)
+            if end < 0:
+                return None
+            if content.startswith("''", end):
+                end += 2
+                continue
+            break
+        key, rest = content[1:end].replace("''", "'"), content[end + 1 :]
+    elif content[0] == '"':
+        end = 1
+        while True:
+            end = content.find('"', end)
+            if end < 0:
+                return None
+            if content[end - 1] == "\\":
+                end += 1
+                continue
+            break
+        try:
+            key = json.loads(content[: end + 1])
+        except ValueError:
+            return None
+        rest = content[end + 1 :]
+    else:
+        colon = content.find(": ")
+        if colon < 0:
+            if not content.endswith(":"):
+                return None
+            colon = len(content) - 1
+        key, rest = content[:colon], content[colon:]
+    if not isinstance(key, str) or not rest.startswith(":"):
+        return None
+    return key, rest[1:].strip()
+
+
+def _positive_int(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value >= 1 else None

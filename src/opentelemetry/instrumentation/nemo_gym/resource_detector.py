@@ -1,0 +1,156 @@
+"""``NemoGymResourceDetector``: each process of a NeMo Gym deployment says what it is.
+
+Published in the ``opentelemetry_resource_detector`` entry-point group as ``nemo_gym``. Like
+every detector outside the SDK's defaults it runs only when named::
+
+    OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=nemo_gym opentelemetry-instrument ...
+
+(``opentelemetry-instrument`` does not enable it by itself.) It names:
+
+* a NeMo Gym server (``gym env start`` hands each server ``NEMO_GYM_CONFIG_PATH`` and
+  ``NEMO_GYM_CONFIG_DICT``): ``service.name`` and ``nemo.gym.server.name`` (the server's
+  top-level key, which is also what other servers' ``nemo.gym.http.destination.server.name``
+  calls it), ``nemo.gym.server.type``, ``nemo.gym.server.implementation``,
+  ``nemo.gym.server.workers`` (its ``num_workers``) and ``nemo.gym.server.uvicorn_worker``;
+* NeMo Gym's command line (``gym``, ``ng_run``, ...): ``service.name``;
+* a Ray process: ``service.name`` ``ray.<component>``, ``ray.component`` (``worker``,
+  ``dashboard``, ``dashboard_agent``, ...), ``ray.node.id``, ``ray.worker.id`` and
+  ``ray.session.name`` where Ray passed them;
+* every process: a ``service.instance.id`` of its own (a UUID, the SDK's where it has one),
+  ``process.pid`` and ``process.parent_pid``, so two workers of one server never share a
+  series.
+
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` still win, as in the SDK (its ``otel``
+detector runs last). Nothing from NeMo Gym's configuration reaches the resource or a log line
+except the keys above and ``num_workers``: the configuration holds credentials. A problem is a
+warning naming the variable, never an exception, unless ``raise_on_error`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+
+from opentelemetry.sdk.resources import Resource, ResourceDetector
+from opentelemetry.util.types import AttributeValue
+
+from opentelemetry.instrumentation.nemo_gym._nemo_gym_identity import (
+    nemo_gym_cli_attributes,
+    nemo_gym_server_attributes,
+)
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._ray_identity import (
+    is_ray_system_process,
+    ray_process_attributes,
+)
+
+__all__ = ["NemoGymResourceDetector", "in_ray_system_process"]
+
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
+
+_SERVICE_INSTANCE_ID = "service.instance.id"
+_PROCESS_PID = "process.pid"
+_PROCESS_PARENT_PID = "process.parent_pid"
+
+
+class NemoGymResourceDetector(ResourceDetector):
+    """Names the NeMo Gym server, uvicorn worker or Ray process this is (see the module)."""
+
+    def detect(self) -> Resource:
+        """Return this process's resource; reads the environment and ``/proc``, never raises.
+
+        With ``raise_on_error=True`` (the SDK's switch) an unexpected failure propagates;
+        otherwise it is logged once and an empty resource is returned.
+        """
+        try:
+            return Resource(process_attributes(os.environ, sys.argv, _parent_argv()))
+        except Exception:
+            if self.raise_on_error:
+                raise
+            _ONCE("detect", logging.WARNING, "nemo_gym: resource detection failed", exc_info=None)
+            logger.debug("nemo_gym: resource detection failed", exc_info=True)
+            return Resource.get_empty()
+
+    def is_process_dependent(self) -> bool:
+        """True: the instance id and pids change in a forked child (SDK >= 1.40 re-detects)."""
+        return True
+
+
+def process_attributes(
+    environ: Mapping[str, str],
+    argv: Sequence[str],
+    parent_argv: Sequence[str] = (),
+) -> dict[str, AttributeValue]:
+    """The attributes ``detect()`` puts on the resource, from explicit inputs (for tests)."""
+    attributes: dict[str, AttributeValue] = {}
+    ray = ray_process_attributes(argv, parent_argv)
+    if ray:
+        # A Ray process inherits the environment of whoever started Ray, which may be a
+        # NeMo Gym server; it is not that server, so its variables are not read here.
+        attributes.update(ray)
+    else:
+        attributes.update(nemo_gym_cli_attributes(argv))
+        attributes.update(nemo_gym_server_attributes(environ, _warn))
+    attributes[_SERVICE_INSTANCE_ID] = _instance_id()
+    attributes[_PROCESS_PID] = os.getpid()
+    attributes[_PROCESS_PARENT_PID] = os.getppid()
+    return attributes
+
+
+def in_ray_system_process() -> bool:
+    """True in Ray's dashboard, agents and monitors (which this plugin leaves plain)."""
+    try:
+        return is_ray_system_process(sys.argv, _parent_argv())
+    except Exception:  # a guess that fails must not stop instrumentation elsewhere
+        logger.debug("nemo_gym: could not tell whether this is a Ray process", exc_info=True)
+        return False
+
+
+def _warn(message: str) -> None:
+    _ONCE(message, logging.WARNING, "nemo_gym resource detector: %s", message)
+
+
+def _parent_argv() -> list[str]:
+    """The parent's command line, read only where ours is ``python -c`` (a forkserver)."""
+    if sys.argv[:1] != ["-c"]:
+        return []
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+            raw = cmdline.read()
+    except OSError:
+        return []
+    parts = [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+    # "python [-u -B ...] script.py ...": from the script on is what the parent's argv is.
+    for index, part in enumerate(parts[1:], start=1):
+        if not part.startswith("-"):
+            return parts[index:]
+    return []
+
+
+_instance_lock = threading.Lock()
+_instance: tuple[int, str] | None = None
+
+
+def _instance_id() -> str:
+    """One UUID per process: the SDK's own where it has one (1.40+), else ours, new per fork."""
+    global _instance
+    try:
+        from opentelemetry.sdk.resources import (  # newer SDKs only (1.40+)
+            ServiceInstanceIdResourceDetector,
+        )
+    except ImportError:
+        pass
+    else:
+        value = ServiceInstanceIdResourceDetector().detect().attributes.get(_SERVICE_INSTANCE_ID)
+        if isinstance(value, str) and value:
+            return value
+    with _instance_lock:
+        pid = os.getpid()
+        if _instance is None or _instance[0] != pid:
+            _instance = (pid, str(uuid.uuid4()))
+        return _instance[1]

@@ -1,0 +1,134 @@
+"""A real NeMo Gym deployment (nemo-gym 0.4.0, ``gym env start`` and ``gym eval run``) under
+the README's documented commands: every server reports, says which server it is, and loses
+nothing at shutdown.
+
+Heavy (a Python 3.12 virtualenv with NeMo Gym's whole stack, a Ray cluster, a collector, three
+servers, 300 rollouts), so it runs once, in its own ``.ci/run`` section:
+
+    NEMO_GYM_DEPLOYMENT_VENV="$(bash scripts/nemo-gym-deploy-env.sh | tail -n 1)" \\
+        .venv/bin/python -m pytest tests/test_nemo_gym_deployment.py
+
+Without ``NEMO_GYM_DEPLOYMENT_VENV`` it skips with that command; with it, a missing piece fails.
+``NEMO_GYM_DEPLOYMENT_KEEP=1`` keeps the run's folder (logs) under /tmp.
+``NEMO_GYM_DEPLOYMENT_KILL_AFTER=1`` also SIGKILLs each server process 1 s after the SIGINT,
+as NeMo Gym means to (0.4.0's kill lands on the server's shell instead): the counts must
+still all arrive.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nemo_gym_deployment import (
+    AGENT,
+    KILL_AFTER_S,
+    MODEL,
+    RESOURCES,
+    ROLLOUTS,
+    SERVER_WORKERS,
+    SERVERS,
+    Deployment,
+    by_service,
+    connects_to,
+    run_deployment,
+    table,
+)
+
+pytestmark = pytest.mark.integration
+
+_VENV = os.environ.get("NEMO_GYM_DEPLOYMENT_VENV", "")
+if not _VENV:
+    pytest.skip(
+        "the NeMo Gym deployment test runs once, in .ci/run's section: "
+        'NEMO_GYM_DEPLOYMENT_VENV="$(bash scripts/nemo-gym-deploy-env.sh | tail -n 1)" '
+        ".venv/bin/python -m pytest tests/test_nemo_gym_deployment.py",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Deployment:
+    run = run_deployment(Path(_VENV))
+    print("\n" + table(run))
+    for server, lines in run.capacity_lines.items():
+        for line in lines:
+            print(f"{server}: {line}")
+    print(f"servers' exit after SIGINT, seconds: {run.server_exit_seconds}")
+    return run
+
+
+def test_deployment_rollouts_complete(deployment: Deployment) -> None:
+    """Every rollout finished, each with two model calls the stub served."""
+    assert deployment.rollouts == ROLLOUTS
+    assert deployment.served == 2 * ROLLOUTS
+
+
+def test_deployment_every_server_instrumented(deployment: Deployment) -> None:
+    """No server hit the half-loaded state: no sitecustomize error, pool telemetry on."""
+    for server in SERVERS:
+        log = deployment.server_logs[server]
+        assert "Error in sitecustomize" not in log, server
+        assert "ModuleNotFoundError" not in log, server
+        assert "connection_pool=on" in log, (server, log[-2000:])
+
+
+def test_deployment_resource_names_each_server(deployment: Deployment) -> None:
+    """Each server's processes export as that server: service.name and nemo.gym.server.name."""
+    services = by_service(deployment)
+    # Killed 1 s after SIGINT, a server that never built a timed connector (the resources
+    # server makes no requests) has no pool data to flush early, and its resource is lost
+    # with its SDK's own final export; the servers with pool data must still arrive.
+    for server in SERVERS if KILL_AFTER_S is None else (AGENT, MODEL):
+        processes = services.get(server, [])
+        assert processes, (server, table(deployment))
+        for process in processes:
+            assert process.resource.get("nemo_gym_server_name") == server
+    # One process each (uvicorn runs the app in the server process), each its own instance.
+    instances = [p.instance for server in SERVERS for p in services.get(server, [])]
+    assert len(set(instances)) == len(instances), table(deployment)
+
+
+def test_deployment_pool_metrics_present_per_server(deployment: Deployment) -> None:
+    """Every server that made requests exported its pool's connects and created connections."""
+    services = by_service(deployment)
+    for server in (AGENT, MODEL):
+        series = set().union(*(p.pool_series for p in services[server]))
+        assert "gym_http_connection_pool_connect_total" in series, (server, series)
+        assert "gym_http_connection_pool_connections_created_total" in series, (server, series)
+
+
+def test_deployment_connects_equal_requests_served(deployment: Deployment) -> None:
+    """Nothing lost at shutdown: the final exports count exactly what the stub served."""
+    services = by_service(deployment)
+    model = services[MODEL]
+    assert connects_to(model, "external") == deployment.served, table(deployment)
+    agent = services[AGENT]
+    assert connects_to(agent, MODEL) == deployment.served, table(deployment)
+    # Per rollout the agent calls the resources server three times (seed_session, the
+    # get_weather tool, verify), and once at the end it forwards the CLI's one
+    # /aggregate_metrics call there; the CLI makes one /run per rollout plus that call.
+    assert connects_to(agent, RESOURCES) == 3 * ROLLOUTS + 1, table(deployment)
+    # Its /run posts to its own /v1/responses once per rollout.
+    assert connects_to(agent, AGENT) == ROLLOUTS, table(deployment)
+    cli = [p for p in services["gym"] if p.connects]
+    assert connects_to(cli, AGENT) == ROLLOUTS + 1, table(deployment)
+
+
+def test_deployment_capacity_line_workers(deployment: Deployment) -> None:
+    """Each server's capacity report names its real worker count (read when it is known)."""
+    lines = deployment.capacity_lines
+    for server in (AGENT, MODEL):
+        assert lines[server], deployment.server_logs[server][-2000:]
+        assert all(f"workers={SERVER_WORKERS} " in line for line in lines[server]), lines[server]
+    # The CLI process has no NeMo Gym worker count: one process.
+    assert lines["gym eval run"], "no capacity line from gym eval run"
+    assert all("workers=1 " in line for line in lines["gym eval run"]), lines["gym eval run"]
+
+
+def test_deployment_every_process_ended(deployment: Deployment) -> None:
+    """gym env start ended every server and Ray daemon itself; nothing was left to kill."""
+    assert deployment.gym_exit is not None
+    assert deployment.leftovers == [], deployment.leftovers

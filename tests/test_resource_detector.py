@@ -1,0 +1,376 @@
+"""``NemoGymResourceDetector``: each NeMo Gym server, uvicorn worker and Ray process names itself.
+
+The configuration is written exactly as ``gym env start`` writes it (``OmegaConf.to_yaml`` of
+the merged config into ``NEMO_GYM_CONFIG_DICT``, the server's key in ``NEMO_GYM_CONFIG_PATH``);
+the Ray command lines are the ones Ray 2.60 gives its processes. End to end, real
+``opentelemetry-instrument`` subprocesses build their SDK resource through the entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+from opentelemetry.sdk.resources import Resource
+
+from opentelemetry.instrumentation.nemo_gym import resource_detector
+from opentelemetry.instrumentation.nemo_gym._ray_identity import (
+    is_ray_system_process,
+    ray_process_attributes,
+)
+from opentelemetry.instrumentation.nemo_gym.resource_detector import (
+    NemoGymResourceDetector,
+    process_attributes,
+)
+
+APP = Path(__file__).parent / "apps" / "identify.py"
+SECRET = "sk-RECOGNISABLE-0xC0FFEE"
+NODE_ID = "af036bc1a572e890bc24014de5e647eb4c8c29e735b216ac545e7b91"
+WORKER_ID = "80ab809157a4ae6c91e6706928493c69beeb93d6fd8dce7bcf6597cd"
+SESSION = "session_2026-12-01_19-55-45_800421_26306"
+RAY = "/venv/lib/python3.12/site-packages/ray"
+
+
+def gym_config(num_workers: object = 2) -> dict[str, Any]:
+    """A NeMo Gym 0.4.0 configuration: the head server, a model, an agent, credentials."""
+    return {
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+        "policy_api_key": "sk-policy",
+        "hf_token": "hf_token_value",
+        "policy_model": {
+            "responses_api_models": {
+                "openai_model": {
+                    "entrypoint": "app.py",
+                    "openai_base_url": "http://127.0.0.1:8000/v1",
+                    "openai_api_key": "${policy_api_key}",
+                    "openai_model": "stub",
+                    "num_workers": num_workers,
+                    "host": "127.0.0.1",
+                    "port": 12001,
+                }
+            }
+        },
+        "example_single_tool_call_simple_agent": {
+            "responses_api_agents": {
+                "simple_agent": {
+                    "entrypoint": "app.py",
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                    "datasets": [{"name": "train", "license": "Apache 2.0"}],
+                }
+            }
+        },
+    }
+
+
+def server_environment(config: dict[str, Any], name: str, **extra: str) -> dict[str, str]:
+    """The variables ``gym env start`` sets for server ``name``."""
+    return {
+        "NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(OmegaConf.create(config)),
+        "NEMO_GYM_CONFIG_PATH": name,
+        **extra,
+    }
+
+
+def with_secret_everywhere(value: Any, path: str = "") -> Any:
+    """``value`` with every string leaf replaced by the secret (and its path, to tell apart)."""
+    if isinstance(value, dict):
+        return {key: with_secret_everywhere(item, f"{path}.{key}") for key, item in value.items()}
+    if isinstance(value, list):
+        return [with_secret_everywhere(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, str):
+        return f"{SECRET}{path}"
+    return value
+
+
+def ray_worker_argv() -> list[str]:
+    """A Ray 2.60 worker's command line, credentials included."""
+    return [
+        f"{RAY}/_private/workers/default_worker.py",
+        "--node-ip-address=127.0.0.1",
+        "--node-manager-port=46873",
+        f"--redis-password={SECRET}",
+        "--redis-username",
+        SECRET,
+        "--gcs-address=127.0.0.1:43399",
+        f"--session-name={SESSION}",
+        f"--worker-id={WORKER_ID}",
+        f"--node-id={NODE_ID}",
+        "--runtime-env-hash=0",
+    ]
+
+
+@pytest.fixture
+def detector_warnings(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Every record at DEBUG and above, with the once-only memo forgotten before and after."""
+    resource_detector._ONCE.reset()
+    caplog.set_level(logging.DEBUG)
+    yield caplog
+    resource_detector._ONCE.reset()
+
+
+def test_entry_point_published_in_resource_detector_group() -> None:
+    """``nemo_gym`` in ``opentelemetry_resource_detector`` loads ``NemoGymResourceDetector``."""
+    (found,) = entry_points(group="opentelemetry_resource_detector", name="nemo_gym")
+    assert found.load() is NemoGymResourceDetector
+
+
+def test_resource_create_runs_detector_only_when_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK runs it for ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=nemo_gym``, not by default."""
+    for key, value in server_environment(gym_config(), "policy_model").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.delenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", raising=False)
+    assert "nemo.gym.server.name" not in Resource.create().attributes
+    monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "nemo_gym")
+    attributes = Resource.create().attributes
+    assert attributes["service.name"] == "policy_model"
+    assert attributes["nemo.gym.server.name"] == "policy_model"
+
+
+def test_resource_create_otel_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OTEL_SERVICE_NAME`` overrides the detected service name; the server name stays."""
+    for key, value in server_environment(gym_config(), "policy_model").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "nemo_gym")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "rl-fleet")
+    attributes = Resource.create().attributes
+    assert attributes["service.name"] == "rl-fleet"
+    assert attributes["nemo.gym.server.name"] == "policy_model"
+
+
+def test_detector_server_process_named_from_config(
+    detector_warnings: pytest.LogCaptureFixture,
+) -> None:
+    """A server process gets its name, type, implementation and configured worker count."""
+    attributes = process_attributes(
+        server_environment(gym_config(), "policy_model"), ["app.py"], []
+    )
+    assert {k: v for k, v in attributes.items() if not k.startswith(("process.", "service.i"))} == {
+        "service.name": "policy_model",
+        "nemo.gym.server.name": "policy_model",
+        "nemo.gym.server.type": "responses_api_models",
+        "nemo.gym.server.implementation": "openai_model",
+        "nemo.gym.server.workers": 2,
+        "nemo.gym.server.uvicorn_worker": False,
+    }
+    assert attributes["process.pid"] == os.getpid()
+    assert detector_warnings.records == []
+
+
+def test_detector_uvicorn_worker_marked() -> None:
+    """A process uvicorn spawned for ``num_workers > 1`` says it is a uvicorn worker."""
+    environ = server_environment(gym_config(), "policy_model", IS_NEMO_GYM_FASTAPI_WORKER="1")
+    attributes = process_attributes(environ, ["-c"], [])
+    assert attributes["nemo.gym.server.uvicorn_worker"] is True
+    assert attributes["nemo.gym.server.name"] == "policy_model"
+
+
+def test_detector_second_block_found_after_a_list() -> None:
+    """A server after one with lists and nested mappings is still found at its own level."""
+    attributes = process_attributes(
+        server_environment(gym_config(), "example_single_tool_call_simple_agent"), ["app.py"]
+    )
+    assert attributes["nemo.gym.server.type"] == "responses_api_agents"
+    assert attributes["nemo.gym.server.implementation"] == "simple_agent"
+    assert "nemo.gym.server.workers" not in attributes
+
+
+def test_detector_quoted_server_name_found() -> None:
+    """A server key that YAML has to quote is matched by its unquoted name."""
+    config = gym_config()
+    config["judge: it's"] = config.pop("policy_model")
+    attributes = process_attributes(server_environment(config, "judge: it's"), ["app.py"])
+    assert attributes["nemo.gym.server.implementation"] == "openai_model"
+
+
+def test_detector_secret_in_every_string_field_found_nowhere(
+    detector_warnings: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secret in every string field reaches neither the resource nor a log line."""
+    config = with_secret_everywhere(gym_config(num_workers=SECRET))
+    environ = server_environment(config, "policy_model")
+    assert SECRET in environ["NEMO_GYM_CONFIG_DICT"]
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    attributes = process_attributes(environ, ["app.py"], [])
+    resource = NemoGymResourceDetector().detect()
+    assert resource.attributes["nemo.gym.server.name"] == "policy_model"
+    assert attributes["nemo.gym.server.implementation"] == "openai_model"
+    assert "nemo.gym.server.workers" not in attributes
+    messages = [record.getMessage() for record in detector_warnings.records]
+    assert len(messages) == 1
+    assert "policy_model.responses_api_models.openai_model.num_workers" in messages[0]
+    assert "NEMO_GYM_CONFIG_DICT" in messages[0]
+    for text in [*messages, json.dumps(attributes), resource.to_json()]:
+        assert SECRET not in text
+
+
+def test_detector_ray_command_line_secret_found_nowhere() -> None:
+    """A Ray worker's ``--redis-password``/``--redis-username`` never reach the resource."""
+    attributes = process_attributes({}, ray_worker_argv(), [])
+    assert SECRET not in json.dumps(attributes)
+    assert attributes["ray.node.id"] == NODE_ID
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {"NEMO_GYM_CONFIG_PATH": "policy_model"},
+            "NEMO_GYM_CONFIG_PATH names the NeMo Gym server 'policy_model' but "
+            "NEMO_GYM_CONFIG_DICT is unset",
+        ),
+        (
+            {"NEMO_GYM_CONFIG_PATH": "policy_model", "NEMO_GYM_CONFIG_DICT": "{not: [yaml"},
+            "NEMO_GYM_CONFIG_DICT has no server block 'policy_model' (from NEMO_GYM_CONFIG_PATH)",
+        ),
+        (
+            server_environment(gym_config(), "missing_server"),
+            "NEMO_GYM_CONFIG_DICT has no server block 'missing_server'",
+        ),
+        (
+            server_environment(gym_config(num_workers="two"), "policy_model"),
+            "NEMO_GYM_CONFIG_DICT: policy_model.responses_api_models.openai_model.num_workers "
+            "is not a positive integer (value not shown)",
+        ),
+    ],
+    ids=["no-config", "not-yaml", "no-such-server", "bad-num-workers"],
+)
+def test_detector_bad_input_warns_naming_variable(
+    detector_warnings: pytest.LogCaptureFixture, environ: dict[str, str], expected: str
+) -> None:
+    """Bad or missing configuration: one warning naming the variable; the name is still used."""
+    attributes = process_attributes(environ, ["app.py"], [])
+    assert attributes["service.name"] == environ["NEMO_GYM_CONFIG_PATH"]
+    (record,) = detector_warnings.records
+    assert record.levelno == logging.WARNING
+    assert expected in record.getMessage()
+
+
+def test_detector_plain_process_has_only_its_instance() -> None:
+    """Outside NeMo Gym and Ray: an instance id and pids, no service name of ours."""
+    attributes = process_attributes({}, ["/usr/bin/python3", "app.py"], [])
+    assert set(attributes) == {"service.instance.id", "process.pid", "process.parent_pid"}
+
+
+def test_detector_nemo_gym_cli_named() -> None:
+    """NeMo Gym's own commands are named after the program (``gym``, ``ng_run``)."""
+    assert process_attributes({}, ["/venv/bin/gym", "eval", "run"])["service.name"] == "gym"
+    assert process_attributes({}, ["/venv/bin/ng_run"])["service.name"] == "ng_run"
+
+
+def test_detector_ray_worker_named_with_node_and_worker() -> None:
+    """A Ray worker: component, node id, worker id and session from its command line."""
+    attributes = ray_process_attributes(ray_worker_argv())
+    assert attributes == {
+        "service.name": "ray.worker",
+        "ray.component": "worker",
+        "ray.node.id": NODE_ID,
+        "ray.worker.id": WORKER_ID,
+        "ray.session.name": SESSION,
+    }
+    assert not is_ray_system_process(ray_worker_argv())
+
+
+def test_detector_ray_worker_ignores_inherited_nemo_gym_server() -> None:
+    """A Ray worker that inherited a server's variables is a Ray worker, not that server."""
+    environ = server_environment(gym_config(), "policy_model")
+    attributes = process_attributes(environ, ray_worker_argv(), [])
+    assert attributes["service.name"] == "ray.worker"
+    assert "nemo.gym.server.name" not in attributes
+
+
+@pytest.mark.parametrize(
+    ("argv", "parent_argv", "component"),
+    [
+        ([f"{RAY}/dashboard/agent.py", f"--node-id={NODE_ID}"], [], "dashboard_agent"),
+        ([f"{RAY}/dashboard/dashboard.py", "--host=127.0.0.1"], [], "dashboard"),
+        ([f"{RAY}/_private/runtime_env/agent/main.py"], [], "runtime_env_agent"),
+        ([f"{RAY}/_private/log_monitor.py"], [], "log_monitor"),
+        ([f"{RAY}/autoscaler/_private/monitor.py"], [], "monitor"),
+        # The dashboard's module processes come from its multiprocessing forkserver.
+        (["-c"], [f"{RAY}/dashboard/dashboard.py", "--port=8265"], "dashboard"),
+    ],
+    ids=["agent", "dashboard", "runtime-env-agent", "log-monitor", "monitor", "forkserver"],
+)
+def test_detector_ray_system_process_named(
+    argv: list[str], parent_argv: list[str], component: str
+) -> None:
+    """Ray's own daemons are named by component, and count as system processes."""
+    attributes = ray_process_attributes(argv, parent_argv)
+    assert attributes["ray.component"] == component
+    assert attributes["service.name"] == f"ray.{component}"
+    assert is_ray_system_process(argv, parent_argv)
+
+
+def test_detector_forkserver_of_something_else_not_ray() -> None:
+    """``python -c`` under a parent that is not Ray's dashboard is not a Ray process."""
+    assert ray_process_attributes(["-c"], ["/srv/app.py"]) == {}
+    assert ray_process_attributes(["-c"], []) == {}
+
+
+def run_identify(script: Path, **overrides: str) -> dict[str, Any]:
+    """Run ``script`` under ``opentelemetry-instrument``; its one JSON line, parsed."""
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
+    }
+    env.update(
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_METRIC_EXPORT_INTERVAL="60000",
+        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="nemo_gym",
+    )
+    env.update(overrides)
+    instrument = Path(sys.executable).parent / "opentelemetry-instrument"
+    result = subprocess.run(
+        [str(instrument), sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith('{"connector"'))
+    parsed: dict[str, Any] = json.loads(line)
+    return parsed
+
+
+@pytest.mark.integration
+def test_opentelemetry_instrument_two_uvicorn_workers_distinct_instances() -> None:
+    """Two worker processes of one server: same server, different ``service.instance.id``."""
+    config = with_secret_everywhere(gym_config())
+    environ = server_environment(config, "policy_model", IS_NEMO_GYM_FASTAPI_WORKER="1")
+    first, second = (run_identify(APP, **environ)["resource"] for _ in range(2))
+    for resource in (first, second):
+        assert resource["service.name"] == "policy_model"
+        assert resource["nemo.gym.server.type"] == "responses_api_models"
+        assert resource["nemo.gym.server.uvicorn_worker"] is True
+    assert first["service.instance.id"] != second["service.instance.id"]
+    assert first["process.pid"] != second["process.pid"]
+
+
+@pytest.mark.integration
+def test_opentelemetry_instrument_ray_system_process_left_plain(tmp_path: Path) -> None:
+    """In a Ray daemon (here: a script at ray/dashboard/agent.py) connectors stay plain."""
+    agent = tmp_path / "ray" / "dashboard" / "agent.py"
+    agent.parent.mkdir(parents=True)
+    shutil.copy(APP, agent)
+    ours = run_identify(APP)
+    ray_agent = run_identify(agent)
+    assert ours["connector"] == "QueueTimedTCPConnector"
+    assert ray_agent["connector"] == "TCPConnector"
+    assert ray_agent["resource"]["service.name"] == "ray.dashboard_agent"
