@@ -150,9 +150,9 @@ def processes_with(variable: str, value: str) -> list[int]:
 
 
 @pytest.fixture
-def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
-    """The ``ray`` module connected to a head node and a second node on loopback, and the
-    second node's id. Every Ray process is ended after, and checked gone."""
+def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str]]:
+    """The ``ray`` module connected to a head node and a second node on loopback, the second
+    node's id and the cluster's address. Every Ray process is ended after, and checked gone."""
     for key in [key for key in os.environ if key.startswith("OTEL_")]:
         monkeypatch.delenv(key)
     monkeypatch.delenv("PYTHONPATH", raising=False)  # no opentelemetry-instrument sitecustomize
@@ -173,7 +173,7 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
         second = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
-        yield ray, second.node_id
+        yield ray, second.node_id, cluster.address
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -238,10 +238,10 @@ async def until(what: str, check: Any) -> Any:
 
 
 async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_spans(
-    ray_cluster: tuple[Any, str], servers: tuple[CountingServer, TraceReceiver]
+    ray_cluster: tuple[Any, str, str], servers: tuple[CountingServer, TraceReceiver]
 ) -> None:
     """A task on the second node: exact connects in the collector, its node id, sandbox spans."""
-    ray, second_node = ray_cluster
+    ray, second_node, address = ray_cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     target, receiver = servers
@@ -370,3 +370,25 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
         ray.get, plain.remote(target.url, 1, destination + "-plain"), timeout=BOUND_S
     )
     assert control["connector"] == "TCPConnector"  # no runtime_env: nothing reaches the worker
+
+    # The same runtime_env for a whole job (ray.init): every task of it reports.
+    await asyncio.to_thread(ray.shutdown)
+    await asyncio.to_thread(ray.init, address=address, log_to_driver=False, runtime_env=env)
+    job_destination = destination + "-job"
+    job_task = ray.remote(requests_from_worker).options(scheduling_strategy=on_second_node)
+    served_before = target.served
+    from_job = await asyncio.to_thread(
+        ray.get, job_task.remote(target.url, REQUESTS, job_destination), timeout=BOUND_S
+    )
+    assert from_job["connector"] == "QueueTimedTCPConnector", from_job
+    assert target.served - served_before == REQUESTS
+
+    def job_arrived() -> tuple[dict[str, str], float] | None:
+        series = connect_series(scrape(collector.prometheus), job_destination)
+        return series[0] if len(series) == 1 and series[0][1] == REQUESTS else None
+
+    job_labels, _ = await until(f"saw {REQUESTS} connects to {job_destination}", job_arrived)
+    assert target_info(scrape(collector.prometheus), job_labels["instance"])["ray_node_id"] == (
+        second_node
+    )
+    print(f"job-level runtime_env: {REQUESTS} connects from node {second_node[:12]}...")
