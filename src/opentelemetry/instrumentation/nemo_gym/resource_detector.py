@@ -77,7 +77,7 @@ class NemoGymResourceDetector(ResourceDetector):
             return Resource.get_empty()
 
     def is_process_dependent(self) -> bool:
-        """True: the instance id and pids change in a forked child (SDK >= 1.40 re-detects)."""
+        """True: the instance id and pids change in a forked child, so SDKs re-detect there."""
         return True
 
 
@@ -137,10 +137,10 @@ _instance: tuple[int, str] | None = None
 
 
 def _instance_id() -> str:
-    """One UUID per process: the SDK's own where it has one (1.40+), else ours, new per fork."""
+    """One UUID per process: the SDK's own where it has one, else ours, new per fork."""
     global _instance
     try:
-        from opentelemetry.sdk.resources import (  # newer SDKs only (1.40+)
+        from opentelemetry.sdk.resources import (  # recent SDKs only
             ServiceInstanceIdResourceDetector,
         )
     except ImportError:
