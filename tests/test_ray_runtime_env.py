@@ -35,11 +35,24 @@ def test_runtime_env_copies_otel_settings_and_installs_hook() -> None:
     assert runtime_env() == {
         "env_vars": {
             "OTEL_METRICS_EXPORTER": "otlp",
-            "OTEL_SERVICE_NAME": "driver",
             "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "nemo_gym",
             HOOK_VARIABLE: SETUP_HOOK,
         }
     }
+
+
+@pytest.mark.usefixtures("otel_environment")
+def test_runtime_env_driver_identity_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's service name and instance id stay with it; its other attributes travel."""
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "service.instance.id=driver-1, deployment.environment=ci,service.name=driver",
+    )
+    variables = runtime_env()["env_vars"]
+    assert "OTEL_SERVICE_NAME" not in variables
+    assert variables["OTEL_RESOURCE_ATTRIBUTES"] == " deployment.environment=ci"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=driver-1")
+    assert "OTEL_RESOURCE_ATTRIBUTES" not in runtime_env()["env_vars"]
 
 
 @pytest.mark.usefixtures("otel_environment")

@@ -39,6 +39,8 @@ SETUP_HOOK: Final = f"{__name__}.setup_worker"
 _DETECTORS: Final = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 _RESOURCE_ATTRIBUTES: Final = "OTEL_RESOURCE_ATTRIBUTES"
 _OUR_DETECTOR: Final = "nemo_gym"
+_SERVICE_NAME_VARIABLE: Final = "OTEL_SERVICE_NAME"
+_PROCESS_IDENTITY: Final = frozenset({"service.name", "service.instance.id"})
 _SETUP_HOOK_VARIABLE: Final = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 # opentelemetry-instrument's own settings live in OTEL_* too; PYTHONPATH is not copied: the
 # driver's paths mean nothing on another node, and the hook does what its sitecustomize does.
@@ -55,7 +57,9 @@ def runtime_env(
 
     ``base``: a runtime_env of your own to extend (``pip``, ``working_dir``, ``env_vars``...),
     not modified. ``env_vars``: variables to set on top, e.g. ``OTEL_SERVICE_NAME``.
-    ``inherit_environment``: copy this process's ``OTEL_*`` variables (default). Precedence,
+    ``inherit_environment``: copy this process's ``OTEL_*`` variables (default), except what
+    names this process (``OTEL_SERVICE_NAME``; ``service.name`` and ``service.instance.id`` in
+    ``OTEL_RESOURCE_ATTRIBUTES``), so workers never share the driver's series. Precedence,
     lowest first: this process, ``base["env_vars"]``, ``env_vars``. Raises ``ValueError``
     naming the field and value for a ``base`` that already has a
     ``worker_process_setup_hook`` (Ray runs one; call ``setup_worker()`` from yours), and
@@ -71,7 +75,7 @@ def runtime_env(
         )
     variables: dict[str, str] = {}
     if inherit_environment:
-        variables.update({k: v for k, v in os.environ.items() if k.startswith(_PREFIX)})
+        variables.update(_inherited(os.environ))
     for source, given in (("base['env_vars']", merged.get("env_vars")), ("env_vars", env_vars)):
         for key, value in (given or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -105,6 +109,26 @@ def setup_worker() -> None:
         _initialize_like_opentelemetry_instrument()
     except Exception:
         logger.exception("nemo_gym: configuring OpenTelemetry in this Ray worker failed")
+
+
+def _inherited(environ: Mapping[str, str]) -> dict[str, str]:
+    """This process's ``OTEL_*`` settings, minus what names this process rather than a worker.
+
+    A worker is its own service instance: the driver's ``OTEL_SERVICE_NAME`` and the
+    ``service.name``/``service.instance.id`` in its ``OTEL_RESOURCE_ATTRIBUTES`` would make
+    every worker share the driver's series.
+    """
+    variables = {k: v for k, v in environ.items() if k.startswith(_PREFIX)}
+    variables.pop(_SERVICE_NAME_VARIABLE, None)
+    resource = variables.pop(_RESOURCE_ATTRIBUTES, "")
+    kept = [
+        pair
+        for pair in resource.split(",")
+        if pair.strip() and pair.split("=", 1)[0].strip() not in _PROCESS_IDENTITY
+    ]
+    if kept:
+        variables[_RESOURCE_ATTRIBUTES] = ",".join(kept)
+    return variables
 
 
 def _setup_hook_variable() -> str:
