@@ -265,7 +265,9 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
 
     # Defined here, not at module level, so Ray ships them by value (the tests folder is not
     # importable in a worker).
-    def requests_from_worker(url: str, count: int, label: str) -> dict[str, Any]:
+    def requests_from_worker(
+        url: str, count: int, label: str, flush_at_end: bool = False
+    ) -> dict[str, Any]:
         import asyncio
         import os
 
@@ -287,6 +289,10 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
         from opentelemetry import metrics
 
         connector = asyncio.run(send())
+        if flush_at_end:
+            from opentelemetry.instrumentation.nemo_gym.ray import flush
+
+            assert flush()
         node = ray.get_runtime_context().get_node_id()
         provider = type(metrics.get_meter_provider()).__name__
         return {"connector": connector, "node": node, "pid": os.getpid(), "provider": provider}
@@ -392,3 +398,26 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
         second_node
     )
     print(f"job-level runtime_env: {REQUESTS} connects from node {second_node[:12]}...")
+
+    # A worker whose periodic export never comes (600 s) reports through flush() at the end of
+    # its task: Ray ends a job's workers without running their atexit handlers.
+    flushed_destination = destination + "-flushed"
+    slow_env = runtime_env(
+        env_vars={**env["env_vars"], "OTEL_METRIC_EXPORT_INTERVAL": "600000"},
+        inherit_environment=False,
+    )
+    flushing = ray.remote(requests_from_worker).options(
+        runtime_env=slow_env, scheduling_strategy=on_second_node
+    )
+    await asyncio.to_thread(
+        ray.get,
+        flushing.remote(target.url, REQUESTS, flushed_destination, True),
+        timeout=BOUND_S,
+    )
+
+    def flushed_arrived() -> tuple[dict[str, str], float] | None:
+        found = connect_series(scrape(collector.prometheus), flushed_destination)
+        return found[0] if len(found) == 1 and found[0][1] == REQUESTS else None
+
+    await until(f"saw {REQUESTS} flushed connects to {flushed_destination}", flushed_arrived)
+    print(f"flush() at the end of a task (600 s export interval): {REQUESTS} connects arrived")

@@ -6,14 +6,22 @@ tests/test_ray_cluster.py, which runs once in its own CI section.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 
 import pytest
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.test.globals_test import reset_metrics_globals
 
-from opentelemetry.instrumentation.nemo_gym.ray import SETUP_HOOK, runtime_env, setup_worker
+from opentelemetry.instrumentation.nemo_gym.ray import (
+    SETUP_HOOK,
+    flush,
+    runtime_env,
+    setup_worker,
+)
 
 HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
@@ -113,3 +121,22 @@ def test_setup_worker_configured_sdk_left_alone(
     assert [record.getMessage() for record in caplog.records] == [
         "nemo_gym: OpenTelemetry already configured in this Ray worker"
     ]
+
+
+def test_flush_exports_what_was_recorded() -> None:
+    """``flush()`` exports at once what a 600 s periodic reader would have held back."""
+    out = io.StringIO()
+    reader = PeriodicExportingMetricReader(
+        ConsoleMetricExporter(out=out), export_interval_millis=600_000
+    )
+    provider = MeterProvider(metric_readers=[reader])
+    reset_metrics_globals()
+    metrics.set_meter_provider(provider)
+    try:
+        provider.get_meter("test").create_counter("flushed_counter").add(3)
+        assert "flushed_counter" not in out.getvalue()
+        assert flush() is True
+        assert "flushed_counter" in out.getvalue()
+    finally:
+        provider.shutdown()
+        reset_metrics_globals()

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["SETUP_HOOK", "runtime_env", "setup_worker"]
+__all__ = ["SETUP_HOOK", "flush", "runtime_env", "setup_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,29 @@ def _inherited(environ: Mapping[str, str]) -> dict[str, str]:
     if kept:
         variables[_RESOURCE_ATTRIBUTES] = ",".join(kept)
     return variables
+
+
+def flush(timeout_millis: int = 5000) -> bool:
+    """Export what this process has recorded now; call it at the end of a task that matters.
+
+    Ray ends a job's workers without running their ``atexit`` handlers, so what a worker
+    recorded after its last periodic export (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default)
+    is lost when its job ends. Blocks for at most about ``timeout_millis`` per provider;
+    returns whether every flush succeeded; never raises.
+    """
+    from opentelemetry import metrics, trace  # imported only where a flush is asked for
+
+    succeeded = True
+    for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
+        force_flush = getattr(provider, "force_flush", None)
+        if force_flush is None:
+            continue
+        try:
+            succeeded = bool(force_flush(timeout_millis)) and succeeded
+        except Exception:
+            logger.exception("nemo_gym: flushing %s failed", type(provider).__name__)
+            succeeded = False
+    return succeeded
 
 
 def _setup_hook_variable() -> str:
