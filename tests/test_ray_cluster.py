@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector_support import http_status, running_collector
+from collector_support import free_port, http_status, running_collector
 from opentelemetry.instrumentation.nemo_gym.ray import runtime_env
 
 pytestmark = [
@@ -167,7 +167,15 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 1,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+            # Ray's fixed defaults (8265, 52365) may be held by another cluster on this machine;
+            # Ray still binds them for its minimal dashboard and the head's agent.
+            "dashboard_port": free_port(),
+            "dashboard_agent_listen_port": free_port(),
+        },
     )
     try:
         second = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
