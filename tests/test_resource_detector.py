@@ -149,6 +149,23 @@ def test_resource_create_otel_service_name_wins(monkeypatch: pytest.MonkeyPatch)
     assert attributes["nemo.gym.server.name"] == "policy_model"
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"OTEL_SERVICE_NAME": "rl-fleet"},
+        {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=ci, service.name=rl-fleet"},
+    ],
+    ids=["service-name", "resource-attributes"],
+)
+def test_detector_configured_service_name_not_overridden(setting: dict[str, str]) -> None:
+    """A service name the user configured: the detector names none, in any detector order."""
+    attributes = process_attributes(
+        {**server_environment(gym_config(), "policy_model"), **setting}, ["app.py"]
+    )
+    assert "service.name" not in attributes
+    assert attributes["nemo.gym.server.name"] == "policy_model"
+
+
 def test_detector_server_process_named_from_config(
     detector_warnings: pytest.LogCaptureFixture,
 ) -> None:

@@ -20,10 +20,11 @@ every detector outside the SDK's defaults it runs only when named::
   ``process.pid`` and ``process.parent_pid``, so two workers of one server never share a
   series.
 
-``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` still win, as in the SDK (its ``otel``
-detector runs last). Nothing from NeMo Gym's configuration reaches the resource or a log line
-except the keys above and ``num_workers``: the configuration holds credentials. A problem is a
-warning naming the variable, never an exception, unless ``raise_on_error`` is set.
+``OTEL_SERVICE_NAME`` and a ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` still win: where
+either is set, the detector names no service (whatever order an SDK runs detectors in).
+Nothing from NeMo Gym's configuration reaches the resource or a log line except the keys
+above and ``num_workers``: the configuration holds credentials. A problem is a warning naming
+the variable, never an exception, unless ``raise_on_error`` is set.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = ["NemoGymResourceDetector", "in_ray_system_process"]
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
 
+_SERVICE_NAME = "service.name"
 _SERVICE_INSTANCE_ID = "service.instance.id"
 _PROCESS_PID = "process.pid"
 _PROCESS_PARENT_PID = "process.parent_pid"
@@ -77,7 +79,7 @@ class NemoGymResourceDetector(ResourceDetector):
             return Resource.get_empty()
 
     def is_process_dependent(self) -> bool:
-        """True: the instance id and pids change in a forked child (SDK >= 1.40 re-detects)."""
+        """True: the instance id and pids change in a forked child, so SDKs re-detect there."""
         return True
 
 
@@ -96,10 +98,21 @@ def process_attributes(
     else:
         attributes.update(nemo_gym_cli_attributes(argv))
         attributes.update(nemo_gym_server_attributes(environ, _warn))
+    if _service_name_configured(environ):
+        # The user's choice wins, as the SDK's `otel` detector makes it do when it runs last;
+        # SDKs that ran the listed detectors in no fixed order would otherwise pick either.
+        attributes.pop(_SERVICE_NAME, None)
     attributes[_SERVICE_INSTANCE_ID] = _instance_id()
     attributes[_PROCESS_PID] = os.getpid()
     attributes[_PROCESS_PARENT_PID] = os.getppid()
     return attributes
+
+
+def _service_name_configured(environ: Mapping[str, str]) -> bool:
+    if environ.get("OTEL_SERVICE_NAME", "").strip():
+        return True
+    pairs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(pair.split("=", 1)[0].strip() == _SERVICE_NAME for pair in pairs if "=" in pair)
 
 
 def in_ray_system_process() -> bool:
@@ -137,10 +150,10 @@ _instance: tuple[int, str] | None = None
 
 
 def _instance_id() -> str:
-    """One UUID per process: the SDK's own where it has one (1.40+), else ours, new per fork."""
+    """One UUID per process: the SDK's own where it has one, else ours, new per fork."""
     global _instance
     try:
-        from opentelemetry.sdk.resources import (  # newer SDKs only (1.40+)
+        from opentelemetry.sdk.resources import (  # recent SDKs only
             ServiceInstanceIdResourceDetector,
         )
     except ImportError:
