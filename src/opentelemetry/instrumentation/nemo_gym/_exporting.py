@@ -84,22 +84,40 @@ def metrics_exported(meter_provider: metrics.MeterProvider | None = None) -> boo
     return metrics_export_status(meter_provider)[0]
 
 
-def _metric_reader_count(provider: SdkMeterProvider) -> int:
+def _metric_readers(provider: SdkMeterProvider) -> tuple[object, ...]:
     # Newer SDKs can add and remove readers after construction (add_metric_reader); the
-    # measurement consumer's storages are then the live set, while _metric_readers only
-    # remembers the constructor's argument. Older SDKs have just the latter.
+    # measurement consumer's storages (keyed by reader) are then the live set, while
+    # _metric_readers only remembers the constructor's argument. Older SDKs have just the latter.
     consumer = getattr(provider, "_measurement_consumer", None)
     storages = getattr(consumer, "_reader_storages", None)
-    if storages is not None:
+    for readers in (storages, getattr(provider, "_metric_readers", ())):
+        if readers is None:
+            continue
         try:
-            return len(storages)
+            return tuple(readers)
         except TypeError:
-            pass
-    readers = getattr(provider, "_metric_readers", ())
-    try:
-        return len(readers)
-    except TypeError:
-        return 0
+            continue
+    return ()
+
+
+def _metric_reader_count(provider: SdkMeterProvider) -> int:
+    return len(_metric_readers(provider))
+
+
+def metric_export_in_flight(meter_provider: object) -> bool:
+    """Whether one of an SDK meter provider's periodic readers is exporting right now.
+
+    Read from the reader's export lock, which it holds around each export; ``False`` for any
+    other provider or reader, or when the SDK changes shape.
+    """
+    if not isinstance(meter_provider, SdkMeterProvider):
+        return False
+    for reader in _metric_readers(meter_provider):
+        lock = getattr(reader, "_export_lock", None)
+        locked = getattr(lock, "locked", None)
+        if callable(locked) and locked():
+            return True
+    return False
 
 
 def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]:
