@@ -25,7 +25,10 @@ Measurements:
   (how our batched histogram replays queue waits), collected inside the phase.
 * ``ours`` also has a phase of collections without requests: the cost of one collection.
 
-``--check`` exits with status 1 when a bound is exceeded (CI runs ``--quick --check``).
+``--check`` exits with status 1 when a bound is exceeded (CI runs ``--quick --check``). A count
+still moves between runs with the event loop's scheduling (plain's own per-request count by up
+to about 2,500 instructions in ``--quick``), so a bound exceeded on one run is measured again,
+and each check is taken on the median of up to ``CHECK_RUNS`` runs.
 
 Run from the repository root: ``python benchmarks/instruction_count.py`` (``--help``).
 """
@@ -38,6 +41,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +65,8 @@ UNQUEUED_TARGET = 1_500  # added instructions for a request that does not queue
 UNQUEUED_BOUND = 2_500
 FLOOR_FACTOR_TARGET = 1.25  # added per queued request / one batched SDK record
 FLOOR_FACTOR_BOUND = 1.4
+# Runs a --check may take: one, or three when the first exceeds a bound (median of three).
+CHECK_RUNS = 3
 # The issue's other target, at most 1.07 times plain at saturation, is a time ratio: it is
 # checked by pool_overhead.py, not here. Valgrind counts no kernel instructions, and plain
 # aiohttp spends much of its time in the kernel (sockets, epoll), so the instruction ratio of
@@ -256,6 +262,24 @@ def _checks(summary: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
     return checks
 
 
+def _median_checks(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each check of the first run, judged on the median of its values over ``runs``."""
+    checks = []
+    for first in runs[0]:
+        values = [c["value"] for run in runs for c in run if c["name"] == first["name"]]
+        value = statistics.median(values)
+        checks.append(
+            {
+                **first,
+                "value": value,
+                "runs": values,
+                "within_bound": value <= first["bound"],
+                "meets_target": value <= first["target"],
+            }
+        )
+    return checks
+
+
 _LABELS = {
     "plain": "plain aiohttp",
     "ours": "ours, exporting (names: default)",
@@ -322,8 +346,11 @@ def _print_tables(result: dict[str, Any]) -> None:
                 if check["meets_target"]
                 else ("within bound" if check["within_bound"] else "**over bound**")
             )
+            value = pattern.format(check["value"])
+            if "runs" in check:
+                value += " (median of " + ", ".join(pattern.format(v) for v in check["runs"]) + ")"
             print(
-                f"| {check['name']} | {pattern.format(check['value'])} "
+                f"| {check['name']} | {value} "
                 f"| ≤ {pattern.format(check['target'])} | ≤ {pattern.format(check['bound'])} "
                 f"| {verdict} |"
             )
@@ -414,6 +441,19 @@ def main() -> None:
         parser.error(f"--measurements: unknown {unknown}; choose from {','.join(ORDER)}")
     args.measurements = names
     result = _benchmark(args)
+    raw_checks = [result["checks"]]
+    while (
+        any(not check["within_bound"] for check in result["checks"])
+        and len(raw_checks) < CHECK_RUNS
+    ):
+        print(
+            f"a bound was exceeded on run {len(raw_checks)}: measuring again "
+            f"(each check takes the median of up to {CHECK_RUNS} runs)",
+            file=sys.stderr,
+        )
+        result = _benchmark(args)
+        raw_checks.append(result["checks"])
+        result["checks"] = _median_checks(raw_checks)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
