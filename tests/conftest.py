@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
 
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import ProcessSandboxProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
@@ -112,6 +113,31 @@ def global_tracer_provider(tracer_provider: TracerProvider) -> Iterator[TracerPr
     trace.set_tracer_provider(tracer_provider)
     yield tracer_provider
     reset_trace_globals()
+
+
+@pytest.fixture
+def clean_metrics_globals() -> Iterator[None]:
+    """Start and end with the API's proxy meter provider as the global one."""
+    reset_metrics_globals()
+    yield
+    reset_metrics_globals()
+
+
+@pytest.fixture
+def instrumentor() -> Iterator[NemoGymInstrumentor]:
+    """The singleton instrumentor, uninstrumented before and after the test."""
+    instance = NemoGymInstrumentor()
+    instance.uninstrument()
+    yield instance
+    instance.uninstrument()
+
+
+@pytest.fixture
+def fresh_settings_warnings() -> Iterator[None]:
+    """No settings warning remembered, as in a fresh process."""
+    _settings._ONCE.reset()
+    yield
+    _settings._ONCE.reset()
 
 
 # --- held requests: deterministic pool saturation ---------------------------------------------

@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ CONNECT_METRIC = "gym.http.connection_pool.connect_total"
 SERVER_NAME = "nemo.gym.http.destination.server.name"
 # aiohttp's own constructor, read at import, before any test instruments anything.
 AIOHTTP_INIT = aiohttp.TCPConnector.__dict__["__init__"]
-
-
-@pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, always uninstrumented after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:

@@ -34,7 +34,6 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.test.globals_test import reset_metrics_globals
 
 from conftest import GatedServer, GatedServerFactory, eventually, fetch, queued
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
@@ -229,13 +228,6 @@ class ListExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         return None
-
-
-@pytest.fixture
-def clean_metrics_globals() -> Iterator[None]:
-    reset_metrics_globals()
-    yield
-    reset_metrics_globals()
 
 
 async def test_global_meter_provider_shutdown_exports_buffered_waits(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -163,23 +162,6 @@ def test_destination_budget_rejects_a_non_positive_limit() -> None:
 
 
 # --- OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS ----------------------------------------------------
-
-
-@pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, uninstrumented before and after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
-
-
-@pytest.fixture
-def fresh_settings_warnings() -> Iterator[None]:
-    """No settings warning remembered, as in a fresh process."""
-    _settings._ONCE.reset()
-    yield
-    _settings._ONCE.reset()
 
 
 async def test_max_destinations_env_bounds_instrumented_connectors(

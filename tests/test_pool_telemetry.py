@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -11,7 +10,6 @@ import pytest
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.test.globals_test import reset_metrics_globals
 
 from conftest import (
     GatedServerFactory,
@@ -28,15 +26,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     build_connection_pool_connector,
 )
-
-
-@pytest.fixture
-def clean_metrics_globals() -> Iterator[None]:
-    """Start and end with the API's proxy meter provider as the global one."""
-
-    reset_metrics_globals()
-    yield
-    reset_metrics_globals()
 
 
 async def test_build_connection_pool_connector_api_only_provider_is_plain(
