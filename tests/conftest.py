@@ -348,6 +348,19 @@ async def cancel_while_queued(
     return await outcome(waiting), session, holder
 
 
+async def through_pool(
+    connector: aiohttp.TCPConnector, server: GatedServer, requests: int, slots: int
+) -> None:
+    """``requests`` at once through a pool of ``slots``: that many held at the server, the
+    rest queued, then all answered."""
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in range(requests)]
+        await server.until_held(slots)
+        await eventually(lambda: queued(connector) == requests - slots, "the rest queued")
+        server.open()
+        assert await asyncio.gather(*tasks) == ["ok"] * requests
+
+
 def same_failure(plain: BaseException | str, timed: BaseException | str) -> None:
     """Both raised, the same exception type with the same message."""
     assert isinstance(plain, BaseException), plain
