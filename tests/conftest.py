@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -35,6 +38,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 )
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
+INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 
 
 def require_service(available: bool, reason: str) -> None:
@@ -44,6 +48,30 @@ def require_service(available: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required service missing under CI=true: {reason}")
     pytest.skip(reason)
+
+
+def run_under_instrument(script: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under ``opentelemetry-instrument``, none of this shell's ``OTEL_*`` or
+    ``NEMO_GYM*`` variables, console metrics read at exit, no traces or logs, then ``settings``."""
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
+    }
+    env.update(
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        # A long interval: the one export we read happens at shutdown.
+        OTEL_METRIC_EXPORT_INTERVAL="60000",
+    )
+    env.update(settings)
+    return subprocess.run(
+        [str(INSTRUMENT), sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 async def serve_on_loopback(
