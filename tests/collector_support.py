@@ -121,6 +121,7 @@ class Prometheus:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's vector."""
         data = self.api("query", query=promql)
+        assert data["resultType"] == "vector", data
         result: list[dict[str, Any]] = data["result"]
         return result
 
@@ -203,12 +204,18 @@ def prometheus_scraping(
             )
             yield prometheus
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=10)
+            stop(server)
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    """End a process this test started: terminate, and kill what ignores that for 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def otlp_environment(collector: Collector, service: str, instance: str) -> dict[str, str]:
