@@ -20,7 +20,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import GatedServerFactory, metric_points
+from conftest import GatedServer, GatedServerFactory, metric_points
 from conftest import timed_connector as make_timed
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
@@ -61,6 +61,15 @@ def _synthetic(connector: Any, ports: range) -> None:
         created[where] = created.get(where, 0) + 1
 
 
+async def _open_pair(gated_server: GatedServerFactory) -> tuple[GatedServer, GatedServer]:
+    """Servers on 127.0.0.1 and 127.0.0.2 that answer at once."""
+    a = await gated_server("127.0.0.1")
+    b = await gated_server("127.0.0.2")
+    a.open()
+    b.open()
+    return a, b
+
+
 async def _get(session: aiohttp.ClientSession, url: str) -> None:
     async with session.get(url) as response:
         await response.read()
@@ -73,10 +82,7 @@ async def test_pool_destination_budget_bounds_10000_destinations_exactly(
 ) -> None:
     """10,002 destinations give 100 series plus one overflow series, and every count is kept."""
     telemetry = PoolTelemetry(meter_provider, version="test", max_server_names=100)
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
-    a.open()
-    b.open()
+    a, b = await _open_pair(gated_server)
     connector = make_timed(telemetry, limit=10)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _get(session, a.url)
@@ -131,10 +137,7 @@ async def test_pool_destination_budget_open_connections_overflow_per_state(
     telemetry = PoolTelemetry(
         meter_provider, version="test", max_server_names=100, max_destinations=1
     )
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
-    a.open()
-    b.open()
+    a, b = await _open_pair(gated_server)
     connector = make_timed(telemetry, limit=10)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _get(session, a.url)
