@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -27,10 +28,11 @@ from typing import Any
 
 import pytest
 
-from conftest import require_service
+from conftest import INSTRUMENT, require_service
 
 ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
+FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
 STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
 RUN_COMMAND = (
     "bash scripts/start-collector.sh && NEMO_GYM_COLLECTOR=required "
@@ -216,6 +218,11 @@ def stop(process: subprocess.Popen[Any]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+def fleet_worker_command(*args: str) -> list[str]:
+    """``tests/apps/fleet_worker.py`` with ``args`` under ``opentelemetry-instrument``."""
+    return [str(INSTRUMENT), sys.executable, str(FLEET_WORKER), *args]
 
 
 def otlp_environment(collector: Collector, service: str, instance: str) -> dict[str, str]:
