@@ -167,6 +167,20 @@ def test_destination_budget_rejects_a_non_positive_limit() -> None:
 # --- OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS ----------------------------------------------------
 
 
+async def _five_destinations_keep_three(
+    connector: aiohttp.TCPConnector, metric_reader: InMemoryMetricReader
+) -> None:
+    """Under a budget of 3, the timed ``connector``'s 5 destinations give 3 series + 1."""
+    try:
+        assert type(connector) is QueueTimedTCPConnector
+        _synthetic(connector, range(20_000, 20_005))
+        own, overflow = _created(metric_reader)
+    finally:
+        await connector.close()
+    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
+    assert overflow == 2
+
+
 async def test_max_destinations_env_bounds_instrumented_connectors(
     monkeypatch: pytest.MonkeyPatch,
     instrumentor: NemoGymInstrumentor,
@@ -176,15 +190,7 @@ async def test_max_destinations_env_bounds_instrumented_connectors(
     """Under instrument(), a budget of 3 from the variable gives 5 destinations 3 series + 1."""
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
     instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
-    connector = aiohttp.TCPConnector()
-    try:
-        assert type(connector) is QueueTimedTCPConnector
-        _synthetic(connector, range(20_000, 20_005))
-        own, overflow = _created(metric_reader)
-    finally:
-        await connector.close()
-    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
-    assert overflow == 2
+    await _five_destinations_keep_three(aiohttp.TCPConnector(), metric_reader)
 
 
 async def test_max_destinations_env_bounds_global_provider_connectors(
@@ -194,15 +200,7 @@ async def test_max_destinations_env_bounds_global_provider_connectors(
 ) -> None:
     """Without instrument(), the global provider's telemetry reads the same variable."""
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
-    connector = build_connection_pool_connector()
-    try:
-        assert type(connector) is QueueTimedTCPConnector
-        _synthetic(connector, range(20_000, 20_005))
-        own, overflow = _created(metric_reader)
-    finally:
-        await connector.close()
-    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
-    assert overflow == 2
+    await _five_destinations_keep_three(build_connection_pool_connector(), metric_reader)
 
 
 @pytest.mark.parametrize("raw", ["0", "-5", "many", "3.5"])
