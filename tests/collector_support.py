@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -27,10 +28,11 @@ from typing import Any
 
 import pytest
 
-from conftest import require_service
+from conftest import INSTRUMENT, require_service
 
 ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
+FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
 STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
 RUN_COMMAND = (
     "bash scripts/start-collector.sh && NEMO_GYM_COLLECTOR=required "
@@ -121,6 +123,7 @@ class Prometheus:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's vector."""
         data = self.api("query", query=promql)
+        assert data["resultType"] == "vector", data
         result: list[dict[str, Any]] = data["result"]
         return result
 
@@ -203,12 +206,23 @@ def prometheus_scraping(
             )
             yield prometheus
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=10)
+            stop(server)
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    """End a process this test started: terminate, and kill what ignores that for 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def fleet_worker_command(*args: str) -> list[str]:
+    """``tests/apps/fleet_worker.py`` with ``args`` under ``opentelemetry-instrument``."""
+    return [str(INSTRUMENT), sys.executable, str(FLEET_WORKER), *args]
 
 
 def otlp_environment(collector: Collector, service: str, instance: str) -> dict[str, str]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
 
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import ProcessSandboxProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
@@ -34,6 +38,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 )
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
+INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 
 
 def require_service(available: bool, reason: str) -> None:
@@ -43,6 +48,30 @@ def require_service(available: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required service missing under CI=true: {reason}")
     pytest.skip(reason)
+
+
+def run_under_instrument(script: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under ``opentelemetry-instrument``, none of this shell's ``OTEL_*`` or
+    ``NEMO_GYM*`` variables, console metrics read at exit, no traces or logs, then ``settings``."""
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
+    }
+    env.update(
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        # A long interval: the one export we read happens at shutdown.
+        OTEL_METRIC_EXPORT_INTERVAL="60000",
+    )
+    env.update(settings)
+    return subprocess.run(
+        [str(INSTRUMENT), sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 async def serve_on_loopback(
@@ -112,6 +141,31 @@ def global_tracer_provider(tracer_provider: TracerProvider) -> Iterator[TracerPr
     trace.set_tracer_provider(tracer_provider)
     yield tracer_provider
     reset_trace_globals()
+
+
+@pytest.fixture
+def clean_metrics_globals() -> Iterator[None]:
+    """Start and end with the API's proxy meter provider as the global one."""
+    reset_metrics_globals()
+    yield
+    reset_metrics_globals()
+
+
+@pytest.fixture
+def instrumentor() -> Iterator[NemoGymInstrumentor]:
+    """The singleton instrumentor, uninstrumented before and after the test."""
+    instance = NemoGymInstrumentor()
+    instance.uninstrument()
+    yield instance
+    instance.uninstrument()
+
+
+@pytest.fixture
+def fresh_settings_warnings() -> Iterator[None]:
+    """No settings warning remembered, as in a fresh process."""
+    _settings._ONCE.reset()
+    yield
+    _settings._ONCE.reset()
 
 
 # --- held requests: deterministic pool saturation ---------------------------------------------
@@ -320,6 +374,19 @@ async def cancel_while_queued(
     await eventually(lambda: queued(connector) == 1, "the second request queued")
     waiting.cancel()
     return await outcome(waiting), session, holder
+
+
+async def through_pool(
+    connector: aiohttp.TCPConnector, server: GatedServer, requests: int, slots: int
+) -> None:
+    """``requests`` at once through a pool of ``slots``: that many held at the server, the
+    rest queued, then all answered."""
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in range(requests)]
+        await server.until_held(slots)
+        await eventually(lambda: queued(connector) == requests - slots, "the rest queued")
+        server.open()
+        assert await asyncio.gather(*tasks) == ["ok"] * requests
 
 
 def same_failure(plain: BaseException | str, timed: BaseException | str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_under_instrument
 from opentelemetry.instrumentation.nemo_gym import environment_variables
 
 APP = Path(__file__).parent / "apps" / "saturated_client.py"
@@ -20,27 +20,7 @@ pytestmark = pytest.mark.integration
 
 def run_instrumented(**overrides: str) -> subprocess.CompletedProcess[str]:
     """Run the app under ``opentelemetry-instrument`` with console exporters by default."""
-    bin_dir = Path(sys.executable).parent
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
-    }
-    env.update(
-        OTEL_SERVICE_NAME="nemo-gym-auto-test",
-        OTEL_METRICS_EXPORTER="console",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        # A long interval: the one export we read happens at shutdown.
-        OTEL_METRIC_EXPORT_INTERVAL="60000",
-    )
-    env.update(overrides)
-    return subprocess.run(
-        [str(bin_dir / "opentelemetry-instrument"), sys.executable, str(APP)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_under_instrument(APP, **{"OTEL_SERVICE_NAME": "nemo-gym-auto-test", **overrides})
 
 
 def test_opentelemetry_instrument_exports_queue_histogram() -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
 from collector_support import (
+    fleet_worker_command,
     otlp_environment,
     prometheus_scraping,
     running_collector,
@@ -34,8 +34,6 @@ from collector_support import (
 skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
-WORKER = Path(__file__).resolve().parent / "apps" / "fleet_worker.py"
-INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 # (policy requests, resources requests) per process: all different, so a mix-up shows.
 TRAFFIC = {"worker-1": (4, 3), "worker-2": (6, 5), "worker-3": (8, 7)}
 CONNECTS = "gym_http_connection_pool_connect_total"
@@ -52,13 +50,7 @@ def test_collector_fleet_counts_equal_each_process_traffic(tmp_path: Path) -> No
     with prometheus_scraping(collector, tmp_path) as prometheus:
         workers = {
             instance: subprocess.Popen(
-                [
-                    str(INSTRUMENT),
-                    sys.executable,
-                    str(WORKER),
-                    f"--policy={policy}",
-                    f"--resources={resources}",
-                ],
+                fleet_worker_command(f"--policy={policy}", f"--resources={resources}"),
                 env=otlp_environment(collector, job, instance),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

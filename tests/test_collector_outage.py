@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -29,6 +28,7 @@ import pytest
 
 from collector_support import (
     collector_config,
+    fleet_worker_command,
     free_port,
     otlp_environment,
     read_ports,
@@ -39,8 +39,6 @@ from collector_support import (
 skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
-WORKER = Path(__file__).resolve().parent / "apps" / "fleet_worker.py"
-INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 TRAFFIC = ("--policy=5", "--resources=4")
 OTLP_TIMEOUT_S = 1
 # Extra exit time allowed over a plain run: two bounded exports plus a generous margin for a
@@ -51,7 +49,7 @@ EXIT_MARGIN_S = 2 * OTLP_TIMEOUT_S + 4
 def _run(env: dict[str, str], linger: float) -> tuple[dict[str, object], float]:
     started = time.monotonic()
     done = subprocess.run(
-        [str(INSTRUMENT), sys.executable, str(WORKER), *TRAFFIC, f"--linger={linger}"],
+        fleet_worker_command(*TRAFFIC, f"--linger={linger}"),
         env=env,
         capture_output=True,
         text=True,
@@ -129,7 +127,7 @@ def test_collector_started_mid_run_receives_every_count(tmp_path: Path) -> None:
     env = _env(f"http://127.0.0.1:{otlp_port}")
     env["OTEL_SERVICE_NAME"] = job
     worker = subprocess.Popen(
-        [str(INSTRUMENT), sys.executable, str(WORKER), *TRAFFIC, "--linger=20"],
+        fleet_worker_command(*TRAFFIC, "--linger=20"),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -14,11 +14,6 @@ by ``job``/``instance`` and the domain labels only, so they work on both unchang
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import time
 import urllib.parse
 from collections.abc import Iterator
 
@@ -28,18 +23,8 @@ from collector_support import private_collector, skip_unless_required
 
 skip_unless_required()
 
-from conftest import require_service  # noqa: E402
-from promql_sources import MODES, RULES, Expression, all_expressions  # noqa: E402
-from test_prometheus_e2e import (  # noqa: E402
-    APP,
-    ROUNDS,
-    Run,
-    _command,
-    _free_port,
-    _report,
-    _settle,
-    _stop,
-)
+from promql_sources import MODES, Expression, all_expressions  # noqa: E402
+from test_prometheus_e2e import Run, app_scraped  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 EXPRESSIONS = all_expressions()
@@ -49,78 +34,14 @@ EXPRESSIONS = all_expressions()
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The app in one naming mode, through a collector, after two rounds and a hold."""
     mode: str = request.param
-    prometheus = shutil.which("prometheus")
-    require_service(prometheus is not None, "the prometheus binary is not on PATH")
-    assert prometheus is not None
     workdir = tmp_path_factory.mktemp(f"collector-promql-{mode}")
     with private_collector(workdir) as collector:
-        config = workdir / "prometheus.yml"
-        env = dict(os.environ)
-        env.pop("OTEL_SEMCONV_STABILITY_OPT_IN", None)
-        if mode != "default":
-            env["OTEL_SEMCONV_STABILITY_OPT_IN"] = mode
-        app = subprocess.Popen(
-            [
-                sys.executable,
-                str(APP),
-                "--control=stdin",
-                f"--prometheus-config={config}",
-                f"--rule-file={RULES}",
-                f"--otlp-endpoint={collector.otlp_endpoint}",
-                f"--scrape-target={urllib.parse.urlsplit(collector.prometheus).netloc}",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
+        app_args = (
+            f"--otlp-endpoint={collector.otlp_endpoint}",
+            f"--scrape-target={urllib.parse.urlsplit(collector.prometheus).netloc}",
         )
-        server: subprocess.Popen[str] | None = None
-        log_path = workdir / "prometheus.log"
-        log = log_path.open("w")
-        try:
-            _report(app, "ready")
-            port = _free_port()
-            server = subprocess.Popen(
-                [
-                    prometheus,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            result = Run(
-                mode=mode,
-                prometheus_url=f"http://127.0.0.1:{port}",
-                metrics_url=collector.prometheus,
-            )
-            _settle(result, time.time(), log_path)
-            for _ in range(ROUNDS):
-                result.reports["round"] = _command(app, "round")
-                _settle(result, result.reports["round"]["time"], log_path)
-            result.reports["hold"] = _command(app, "hold")
-            _settle(result, result.reports["hold"]["time"], log_path)
+        with app_scraped(mode, workdir, app_args, metrics_url=collector.prometheus) as result:
             yield result
-        finally:
-            if server is not None:
-                _stop(server)
-            log.close()
-            if app.stdin is not None and app.poll() is None:
-                try:
-                    app.stdin.write("release\nquit\n")
-                    app.stdin.close()
-                except BrokenPipeError:
-                    pass
-            try:
-                app.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _stop(app)
-            for stream in (app.stdout, app.stderr):
-                if stream is not None:
-                    stream.close()
 
 
 @pytest.mark.parametrize("expression", EXPRESSIONS, ids=[e.source for e in EXPRESSIONS])

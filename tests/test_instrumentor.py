@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ CONNECT_METRIC = "gym.http.connection_pool.connect_total"
 SERVER_NAME = "nemo.gym.http.destination.server.name"
 # aiohttp's own constructor, read at import, before any test instruments anything.
 AIOHTTP_INIT = aiohttp.TCPConnector.__dict__["__init__"]
-
-
-@pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, always uninstrumented after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
@@ -455,19 +445,24 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("level", ["info", ""])
-def test_log_level_variable_prints_own_lines_in_unconfigured_process(level: str) -> None:
-    """OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=info shows the status and capacity lines; unset, nothing."""
+def _run_script(script: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` without this shell's ``OTEL_*`` variables, plus ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_PYTHON_NEMO_GYM_LOG_LEVEL"] = level
-    done = subprocess.run(
-        [sys.executable, "-c", _OWN_LINES_SCRIPT],
+    env.update(settings)
+    return subprocess.run(
+        [sys.executable, "-c", script],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
+
+
+@pytest.mark.parametrize("level", ["info", ""])
+def test_log_level_variable_prints_own_lines_in_unconfigured_process(level: str) -> None:
+    """OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=info shows the status and capacity lines; unset, nothing."""
+    done = _run_script(_OWN_LINES_SCRIPT, OTEL_PYTHON_NEMO_GYM_LOG_LEVEL=level)
     lines = done.stderr.splitlines()
     status = [line for line in lines if line.startswith("INFO opentelemetry.instrumentation")]
     capacity = [line for line in lines if "workers=1 aggregate_total=33 " in line]
@@ -521,15 +516,7 @@ asyncio.run(main())
 
 def test_exit_flush_exports_before_earlier_exit_handlers() -> None:
     """The counts leave at exit before handlers registered earlier run (and may be killed)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_FLUSH_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = _run_script(_EXIT_FLUSH_SCRIPT)
     exported, _, after = done.stdout.partition("KILLED")
     assert "gym.http.connection_pool.connect_total" in exported, done.stdout[-2000:]
     assert '"value": 3' in exported, exported[-3000:]

@@ -9,7 +9,6 @@ connector subclass that times waits on ``nemo.lens`` and a capacity report in ou
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import types
@@ -34,9 +33,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.test.globals_test import reset_metrics_globals
 
-from conftest import GatedServer, GatedServerFactory, eventually, fetch, queued
+from conftest import GatedServerFactory, through_pool
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
@@ -121,16 +119,6 @@ def waits_and_connects(data: MetricsData | None, scope: str) -> tuple[int, int]:
     return waits, connects
 
 
-async def ten_through_two(connector: aiohttp.TCPConnector, server: GatedServer) -> None:
-    """Ten requests through a pool of two: two held at the server, eight queued, then all."""
-    async with aiohttp.ClientSession(connector=connector) as session:
-        requests = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in range(10)]
-        await server.until_held(2)
-        await eventually(lambda: queued(connector) == 8, "eight requests queued")
-        server.open()
-        assert await asyncio.gather(*requests) == ["ok"] * 10
-
-
 @pytest.fixture
 def instrumented(meter_provider: MeterProvider) -> Iterator[None]:
     instrumentor = NemoGymInstrumentor()
@@ -159,7 +147,7 @@ async def test_nemo_gym_timed_connector_is_timed_only_by_nemo_gym(
     server = await gated_server("127.0.0.1")
     connector = nemo_gym.QueueTimedTCPConnector(limit=2, limit_per_host=0)
     assert type(connector) is nemo_gym.QueueTimedTCPConnector
-    await ten_through_two(connector, server)
+    await through_pool(connector, server, requests=10, slots=2)
     data = metric_reader.get_metrics_data()
     assert waits_and_connects(data, NEMO_LENS) == (8, 10)
     assert waits_and_connects(data, METER_NAME) == (0, 0)
@@ -231,13 +219,6 @@ class ListExporter(MetricExporter):
         return None
 
 
-@pytest.fixture
-def clean_metrics_globals() -> Iterator[None]:
-    reset_metrics_globals()
-    yield
-    reset_metrics_globals()
-
-
 async def test_global_meter_provider_shutdown_exports_buffered_waits(
     gated_server: GatedServerFactory, clean_metrics_globals: None
 ) -> None:
@@ -249,7 +230,7 @@ async def test_global_meter_provider_shutdown_exports_buffered_waits(
     server = await gated_server("127.0.0.1")
     connector = build_connection_pool_connector(limit=2, limit_per_host=0)
     assert type(connector) is QueueTimedTCPConnector
-    await ten_through_two(connector, server)
+    await through_pool(connector, server, requests=10, slots=2)
     assert len(connector._nemo_gym_pending) == 8  # buffered, not yet recorded
     provider: Any = metrics.get_meter_provider()
     provider.shutdown()  # what NeMo Gym's telemetry library does at server exit

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -21,7 +20,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import GatedServerFactory, metric_points
+from conftest import GatedServer, GatedServerFactory, metric_points
 from conftest import timed_connector as make_timed
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
@@ -62,6 +61,15 @@ def _synthetic(connector: Any, ports: range) -> None:
         created[where] = created.get(where, 0) + 1
 
 
+async def _open_pair(gated_server: GatedServerFactory) -> tuple[GatedServer, GatedServer]:
+    """Servers on 127.0.0.1 and 127.0.0.2 that answer at once."""
+    a = await gated_server("127.0.0.1")
+    b = await gated_server("127.0.0.2")
+    a.open()
+    b.open()
+    return a, b
+
+
 async def _get(session: aiohttp.ClientSession, url: str) -> None:
     async with session.get(url) as response:
         await response.read()
@@ -74,10 +82,7 @@ async def test_pool_destination_budget_bounds_10000_destinations_exactly(
 ) -> None:
     """10,002 destinations give 100 series plus one overflow series, and every count is kept."""
     telemetry = PoolTelemetry(meter_provider, version="test", max_server_names=100)
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
-    a.open()
-    b.open()
+    a, b = await _open_pair(gated_server)
     connector = make_timed(telemetry, limit=10)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _get(session, a.url)
@@ -132,10 +137,7 @@ async def test_pool_destination_budget_open_connections_overflow_per_state(
     telemetry = PoolTelemetry(
         meter_provider, version="test", max_server_names=100, max_destinations=1
     )
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
-    a.open()
-    b.open()
+    a, b = await _open_pair(gated_server)
     connector = make_timed(telemetry, limit=10)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _get(session, a.url)
@@ -165,21 +167,18 @@ def test_destination_budget_rejects_a_non_positive_limit() -> None:
 # --- OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS ----------------------------------------------------
 
 
-@pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, uninstrumented before and after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
-
-
-@pytest.fixture
-def fresh_settings_warnings() -> Iterator[None]:
-    """No settings warning remembered, as in a fresh process."""
-    _settings._ONCE.reset()
-    yield
-    _settings._ONCE.reset()
+async def _five_destinations_keep_three(
+    connector: aiohttp.TCPConnector, metric_reader: InMemoryMetricReader
+) -> None:
+    """Under a budget of 3, the timed ``connector``'s 5 destinations give 3 series + 1."""
+    try:
+        assert type(connector) is QueueTimedTCPConnector
+        _synthetic(connector, range(20_000, 20_005))
+        own, overflow = _created(metric_reader)
+    finally:
+        await connector.close()
+    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
+    assert overflow == 2
 
 
 async def test_max_destinations_env_bounds_instrumented_connectors(
@@ -191,15 +190,7 @@ async def test_max_destinations_env_bounds_instrumented_connectors(
     """Under instrument(), a budget of 3 from the variable gives 5 destinations 3 series + 1."""
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
     instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
-    connector = aiohttp.TCPConnector()
-    try:
-        assert type(connector) is QueueTimedTCPConnector
-        _synthetic(connector, range(20_000, 20_005))
-        own, overflow = _created(metric_reader)
-    finally:
-        await connector.close()
-    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
-    assert overflow == 2
+    await _five_destinations_keep_three(aiohttp.TCPConnector(), metric_reader)
 
 
 async def test_max_destinations_env_bounds_global_provider_connectors(
@@ -209,15 +200,7 @@ async def test_max_destinations_env_bounds_global_provider_connectors(
 ) -> None:
     """Without instrument(), the global provider's telemetry reads the same variable."""
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, "3")
-    connector = build_connection_pool_connector()
-    try:
-        assert type(connector) is QueueTimedTCPConnector
-        _synthetic(connector, range(20_000, 20_005))
-        own, overflow = _created(metric_reader)
-    finally:
-        await connector.close()
-    assert own == {("127.0.0.3", port): 1 for port in range(20_000, 20_003)}
-    assert overflow == 2
+    await _five_destinations_keep_three(build_connection_pool_connector(), metric_reader)
 
 
 @pytest.mark.parametrize("raw", ["0", "-5", "many", "3.5"])

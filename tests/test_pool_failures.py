@@ -22,6 +22,7 @@ from conftest import (
     fetch,
     queued,
     same_failure,
+    through_pool,
     timed_connector,
     timeout_while_queued,
 )
@@ -130,12 +131,7 @@ async def test_queue_timed_connector_broken_global_meter_provider_changes_nothin
         server = await gated_server("127.0.0.1")
         connector = QueueTimedTCPConnector(limit=1)
         assert connector._nemo_gym_pool is None
-        async with aiohttp.ClientSession(connector=connector) as session:
-            requests = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in "ab"]
-            await server.until_held(1)
-            await eventually(lambda: queued(connector) == 1, "one request queued")
-            server.open()
-            assert await asyncio.gather(*requests) == ["ok", "ok"]
+        await through_pool(connector, server, requests=2, slots=1)
         with pytest.raises(RuntimeError, match="no meters today"):
             PoolTelemetry.of(provider, version="test", max_server_names=1)
     finally:

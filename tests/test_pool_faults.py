@@ -41,15 +41,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 
 
 @pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, always uninstrumented after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
-
-
-@pytest.fixture
 def second_reader() -> Iterator[tuple[MeterProvider, InMemoryMetricReader]]:
     """A second SDK meter provider with its own in-memory reader."""
     reader = InMemoryMetricReader()

@@ -7,7 +7,6 @@ and goes through ``NemoGymInstrumentor().instrument(meter_provider=...)``, as a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -39,15 +38,6 @@ ALWAYS = {
     names.LIMIT,
 }
 DOTNET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
-
-
-@pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, always uninstrumented after the test."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
 
 
 async def _one_ok_one_abandoned(server: GatedServer, reader: InMemoryMetricReader) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -11,15 +9,12 @@ import pytest
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.test.globals_test import reset_metrics_globals
 
 from conftest import (
     GatedServerFactory,
     connect_counts,
-    eventually,
-    fetch,
     queue_waits,
-    queued,
+    through_pool,
 )
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
@@ -28,15 +23,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     build_connection_pool_connector,
 )
-
-
-@pytest.fixture
-def clean_metrics_globals() -> Iterator[None]:
-    """Start and end with the API's proxy meter provider as the global one."""
-
-    reset_metrics_globals()
-    yield
-    reset_metrics_globals()
 
 
 async def test_build_connection_pool_connector_api_only_provider_is_plain(
@@ -107,12 +93,7 @@ async def test_build_connection_pool_connector_exporting_records_into_global_pro
     connector = build_connection_pool_connector(limit=1, limit_per_host=0)
     assert type(connector) is QueueTimedTCPConnector
     assert (connector.limit, connector.limit_per_host) == (1, 0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        requests = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in "ab"]
-        await server.until_held(1)
-        await eventually(lambda: queued(connector) == 1, "one request queued")
-        server.open()
-        assert await asyncio.gather(*requests) == ["ok", "ok"]
+    await through_pool(connector, server, requests=2, slots=1)
     assert queue_waits(metric_reader) == {("total", "ok", "external"): 1}
     assert connect_counts(metric_reader) == {"external": 2}
     assert connection_pool._CONNECT_COUNTS == {"external": 2}
@@ -163,14 +144,7 @@ async def test_connect_count_snapshot_before_sdk_leaves_global_connectors_record
         server = await gated_server("127.0.0.1")
         connector = build_connection_pool_connector(limit=2, limit_per_host=0)
         assert type(connector) is QueueTimedTCPConnector
-        async with aiohttp.ClientSession(connector=connector) as session:
-            requests = [
-                asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in range(10)
-            ]
-            await server.until_held(2)
-            await eventually(lambda: queued(connector) == 8, "eight requests queued")
-            server.open()
-            assert await asyncio.gather(*requests) == ["ok"] * 10
+        await through_pool(connector, server, requests=10, slots=2)
         assert queue_waits(reader) == {("total", "ok", "external"): 8}
         assert connect_counts(reader) == {"external": 10}
         assert connection_pool._CONNECT_COUNTS == {"external": 10}
@@ -193,12 +167,7 @@ async def test_direct_connector_before_sdk_while_instrumented_leaves_later_ones_
         metrics.set_meter_provider(provider)
         server = await gated_server("127.0.0.1")
         connector = QueueTimedTCPConnector(limit=1, limit_per_host=0)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            requests = [asyncio.create_task(fetch(session, f"{server.url}/hold")) for _ in "ab"]
-            await server.until_held(1)
-            await eventually(lambda: queued(connector) == 1, "one request queued")
-            server.open()
-            assert await asyncio.gather(*requests) == ["ok", "ok"]
+        await through_pool(connector, server, requests=2, slots=1)
         assert queue_waits(reader) == {("total", "ok", "external"): 1}
         assert connect_counts(reader) == {"external": 2}
         provider.shutdown()

@@ -34,14 +34,14 @@ import os
 import re
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +49,7 @@ from typing import Any
 
 import pytest
 
+from collector_support import Prometheus, free_port, stop
 from conftest import require_service
 from promql_sources import MODES, RULES, Expression, all_expressions
 
@@ -91,51 +92,19 @@ STEP_DEADLINE_S = 90.0
 
 
 @dataclass
-class Run:
-    """The app and the Prometheus scraping it, in one naming mode, after traffic and a hold."""
+class Run(Prometheus):
+    """The app and the Prometheus at ``url`` scraping it, in one naming mode, after traffic and
+    a hold."""
 
     mode: str
-    prometheus_url: str
     metrics_url: str
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def api(self, path: str, **params: str) -> Any:
-        """GET a Prometheus API path; return its ``data`` (fails on an error status)."""
-        url = f"{self.prometheus_url}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                body = json.load(response)
-        except urllib.error.HTTPError as error:
-            body = json.load(error)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """Run an instant query; return its vector (a list of ``{metric, value}``)."""
-        data = self.api("query", query=promql)
-        assert data["resultType"] == "vector", data
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-    def values(self, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
-        """``promql``'s samples by the given labels ("" where absent)."""
-        return {
-            tuple(s["metric"].get(label, "") for label in labels): float(s["value"][1])
-            for s in self.query(promql)
-        }
 
     @property
     def observed(self) -> dict[str, Any]:
         """What the app's own reader saw when the hold was in place."""
         result: dict[str, Any] = self.reports["hold"]["observed"]
         return result
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _report(app: subprocess.Popen[str], step: str) -> dict[str, Any]:
@@ -163,33 +132,10 @@ def _command(app: subprocess.Popen[str], command: str) -> dict[str, Any]:
     return _report(app, command)
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
 def _epoch(rfc3339: str) -> float:
     """Prometheus' RFC 3339 timestamps (nanoseconds, ``Z``) as seconds since the epoch."""
     trimmed = re.sub(r"(\.\d{6})\d*", r"\1", rfc3339).replace("Z", "+00:00")
     return datetime.fromisoformat(trimmed).timestamp()
-
-
-def _wait(run: Run, what: str, done: Callable[[], bool], log: Path) -> None:
-    deadline = time.monotonic() + STEP_DEADLINE_S
-    while True:
-        try:
-            if done():
-                return
-        except (OSError, urllib.error.URLError, AssertionError, KeyError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"Prometheus never {what}; its log:\n{log.read_text()[-4000:]}")
-        time.sleep(0.25)
 
 
 def _last_scrape(run: Run) -> float:
@@ -197,7 +143,7 @@ def _last_scrape(run: Run) -> float:
     return float(samples[0]["value"][1]) if samples else 0.0
 
 
-def _settle(run: Run, after: float, log: Path) -> None:
+def _settle(run: Run, after: float) -> None:
     """Wait until Prometheus holds what the app had at ``after`` and its rules ran on it.
 
     Two scrapes that started after ``after`` (the first is surely stored once the second has
@@ -205,28 +151,30 @@ def _settle(run: Run, after: float, log: Path) -> None:
     second: a group evaluates at a timestamp up to one interval before it runs, and the
     alerts read series that the recording groups write, one evaluation later.
     """
-    _wait(run, "scraped the app after a step", lambda: _last_scrape(run) > after, log)
+    run.wait_for("scraped the app after a step", lambda: _last_scrape(run) > after, STEP_DEADLINE_S)
     first = _last_scrape(run)
-    _wait(run, "scraped the app again", lambda: _last_scrape(run) > first, log)
+    run.wait_for("scraped the app again", lambda: _last_scrape(run) > first, STEP_DEADLINE_S)
     ready = _last_scrape(run) + RULE_CHAIN * SCRAPE_INTERVAL_S
 
     def rules_ran() -> bool:
         groups = run.api("rules")["groups"]
         return bool(groups) and all(_epoch(g["lastEvaluation"]) > ready for g in groups)
 
-    _wait(run, "evaluated the rules after the step", rules_ran, log)
+    run.wait_for("evaluated the rules after the step", rules_ran, STEP_DEADLINE_S)
 
 
-@pytest.fixture(scope="module", params=MODES)
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    """The app in one naming mode after two rounds and a hold, scraped by Prometheus."""
-    mode: str = request.param
+@contextmanager
+def app_scraped(
+    mode: str, workdir: Path, app_args: tuple[str, ...] = (), metrics_url: str | None = None
+) -> Iterator[Run]:
+    """The app (with ``app_args``) in one naming mode after two rounds and a hold, scraped by
+    Prometheus as it configures it; ``metrics_url`` is where its series are (default: its own
+    endpoint). Both end afterwards."""
     prometheus = shutil.which("prometheus")
     require_service(
         prometheus is not None, "the prometheus binary is not on PATH (apt-get install prometheus)"
     )
     assert prometheus is not None
-    workdir = tmp_path_factory.mktemp(f"prometheus-{mode}")
     config = workdir / "prometheus.yml"
     env = dict(os.environ)
     env.pop("OTEL_SEMCONV_STABILITY_OPT_IN", None)
@@ -239,6 +187,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             "--control=stdin",
             f"--prometheus-config={config}",
             f"--rule-file={RULES}",
+            *app_args,
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -251,7 +200,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     log = log_path.open("w")
     try:
         ready = _report(app, "ready")
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen(
             [
                 prometheus,
@@ -264,21 +213,22 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             text=True,
         )
         result = Run(
+            url=f"http://127.0.0.1:{port}",
+            log=log_path,
             mode=mode,
-            prometheus_url=f"http://127.0.0.1:{port}",
-            metrics_url=f"http://127.0.0.1:{ready['metrics_port']}/metrics",
+            metrics_url=metrics_url or f"http://127.0.0.1:{ready['metrics_port']}/metrics",
         )
         # Rates need a sample from before the traffic: the first round starts after a scrape.
-        _settle(result, time.time(), log_path)
+        _settle(result, time.time())
         for _ in range(ROUNDS):
             result.reports["round"] = _command(app, "round")
-            _settle(result, result.reports["round"]["time"], log_path)
+            _settle(result, result.reports["round"]["time"])
         result.reports["hold"] = _command(app, "hold")
-        _settle(result, result.reports["hold"]["time"], log_path)
+        _settle(result, result.reports["hold"]["time"])
         yield result
     finally:
         if server is not None:
-            _stop(server)
+            stop(server)
         log.close()
         if app.stdin is not None and app.poll() is None:
             try:
@@ -289,10 +239,18 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         try:
             app.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            _stop(app)
+            stop(app)
         for stream in (app.stdout, app.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture(scope="module", params=MODES)
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The app in one naming mode after two rounds and a hold, scraped by Prometheus."""
+    mode: str = request.param
+    with app_scraped(mode, tmp_path_factory.mktemp(f"prometheus-{mode}")) as result:
+        yield result
 
 
 # --- every expression the examples ship ---------------------------------------------------

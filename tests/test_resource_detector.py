@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 from omegaconf import OmegaConf
 from opentelemetry.sdk.resources import Resource
 
+from conftest import run_under_instrument
 from opentelemetry.instrumentation.nemo_gym import resource_detector
 from opentelemetry.instrumentation.nemo_gym._ray_identity import (
     is_ray_system_process,
@@ -339,25 +338,8 @@ def test_detector_forkserver_of_something_else_not_ray() -> None:
 
 def run_identify(script: Path, **overrides: str) -> dict[str, Any]:
     """Run ``script`` under ``opentelemetry-instrument``; its one JSON line, parsed."""
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "NEMO_GYM"))
-    }
-    env.update(
-        OTEL_METRICS_EXPORTER="console",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_METRIC_EXPORT_INTERVAL="60000",
-        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="nemo_gym",
-    )
-    env.update(overrides)
-    instrument = Path(sys.executable).parent / "opentelemetry-instrument"
-    result = subprocess.run(
-        [str(instrument), sys.executable, str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_under_instrument(
+        script, **{"OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "nemo_gym", **overrides}
     )
     assert result.returncode == 0, result.stderr
     assert SECRET not in result.stdout + result.stderr
