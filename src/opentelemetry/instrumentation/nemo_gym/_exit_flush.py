@@ -15,7 +15,8 @@ shutdown already spends up to two such timeouts (the export in flight, then the 
 A flush queued behind them would add a third, so exit is never held up for more than
 ``EXIT_WAIT_S``: an export still in flight at exit that does not end within it means the
 collector is slow or down, and the flush is left to the SDK's shutdown; the flush itself runs
-on a thread of its own and is waited for no longer than what is left of that time.
+on a thread of its own and is waited for no longer than what is left of that time (on Python
+3.12, which starts no thread during exit, it runs in the handler itself).
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ def _flush(reference: weakref.ref[Any]) -> None:
         flusher = threading.Thread(
             target=_flush_provider, args=(provider,), name="nemo-gym-exit-flush", daemon=True
         )
-        flusher.start()
+        try:
+            flusher.start()
+        except RuntimeError:
+            # Python 3.12 starts no thread once finalization has begun, exit handlers
+            # included: flush here, unbounded by EXIT_WAIT_S but not queued behind an export.
+            _flush_provider(provider)
+            return
         flusher.join(max(0.0, deadline - time.monotonic()))
     except Exception:  # exit goes on; the SDK's own shutdown still exports
         logger.debug("nemo_gym: could not flush metrics at exit", exc_info=True)
