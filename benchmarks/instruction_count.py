@@ -26,9 +26,9 @@ Measurements:
 * ``ours`` also has a phase of collections without requests: the cost of one collection.
 
 ``--check`` exits with status 1 when a bound is exceeded (CI runs ``--quick --check``). A count
-still moves between runs with the event loop's scheduling (plain's own per-request count by up
-to about 2,500 instructions in ``--quick``), so a bound exceeded on one run is measured again,
-and each check is taken on the median of up to ``CHECK_RUNS`` runs.
+still moves with the memory layout (see ``_LAYOUT_BYTES``) by up to about 2,000 instructions per
+unqueued request, so a bound exceeded on one run is measured again, and each check is taken on
+the median of up to ``CHECK_RUNS`` runs.
 
 Run from the repository root: ``python benchmarks/instruction_count.py`` (``--help``).
 """
@@ -141,25 +141,41 @@ def _dump_gc(path: Path) -> int:
     return 0  # no collection ran in this phase
 
 
+# What a worker inherits from the caller, and the fixed size its arguments and environment are
+# padded to. CPython's type-attribute cache is indexed by addresses and version tags, and dicts
+# and sets probe by hash, so which lookups collide changes with the memory layout: with
+# address-space randomisation off, a larger environment (two more variables in CI) alone moved
+# the added count per unqueued request by about 1,700 instructions for the same code. A fixed
+# set of variables padded to one size keeps that out; what still moves a run (the server's
+# random port, hashed into aiohttp's pool keys; every module imported before the measurement)
+# is why a --check that exceeds a bound measures again and takes the median.
+_INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "PYTHONPATH")
+_PAD_VARIABLE = "NEMO_GYM_ICOUNT_PAD"
+_LAYOUT_BYTES = 16_384
+
+
+def _worker_environment(client_argv: list[str]) -> dict[str, str]:
+    """The worker's environment: a fixed few variables, padded to one total size."""
+    env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
+    env["PYTHONHASHSEED"] = "0"
+    used = sum(len(arg.encode()) + 1 for arg in client_argv)
+    used += sum(len(key.encode()) + len(value.encode()) + 2 for key, value in env.items())
+    used += len(_PAD_VARIABLE) + 2
+    if used > _LAYOUT_BYTES:
+        raise RuntimeError(f"worker arguments and environment take {used} bytes > {_LAYOUT_BYTES}")
+    env[_PAD_VARIABLE] = "x" * (_LAYOUT_BYTES - used)
+    return env
+
+
 def _run_worker(
     measurement: Measurement, url: str, args: argparse.Namespace, directory: Path
 ) -> dict[str, Any]:
     """Run one measurement under callgrind; return its phases with their counts."""
     out = directory / measurement.name
     out.mkdir()
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    env.pop("OTEL_SEMCONV_STABILITY_OPT_IN", None)
-    if measurement.semconv is not None:
-        env["OTEL_SEMCONV_STABILITY_OPT_IN"] = measurement.semconv
     floor = measurement.mode == "floor"
     phases = args.record_phases if floor else args.phases
-    command = [
-        *_NO_ASLR,
-        "valgrind",
-        "--tool=callgrind",
-        "--dump-before=os_getppid",
-        "--dump-line=no",
-        f"--callgrind-out-file={out / 'callgrind.out'}",
+    client = [
         sys.executable,
         str(_WORKER),
         f"--mode={measurement.mode}",
@@ -169,6 +185,22 @@ def _run_worker(
         f"--concurrency={measurement.concurrency}",
         f"--limit={measurement.limit}",
         f"--collects={args.collects}",
+    ]
+    semconv = (
+        {}
+        if measurement.semconv is None
+        else {"OTEL_SEMCONV_STABILITY_OPT_IN": measurement.semconv}
+    )
+    env = _worker_environment([*client, *(f"{k}={v}" for k, v in semconv.items())])
+    env.update(semconv)
+    command = [
+        *_NO_ASLR,
+        "valgrind",
+        "--tool=callgrind",
+        "--dump-before=os_getppid",
+        "--dump-line=no",
+        f"--callgrind-out-file={out / 'callgrind.out'}",
+        *client,
     ]
     started = time.perf_counter()
     worker = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
