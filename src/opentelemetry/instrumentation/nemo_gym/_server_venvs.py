@@ -159,14 +159,14 @@ def prepare(argv: Sequence[str], *, requirements: Sequence[str] | None = None) -
         print("nemo-gym-otel server-venvs: no servers in this configuration", file=sys.stderr)
         return 1
     env = _environment(os.environ.get("UV_CACHE_DIR"))
+    install = " ".join(shlex.quote(token) for token in _split(wanted))
     failed = 0
     for item in venvs:
-        install = " ".join(_quote(token) for token in _split(wanted))
-        python = item.venv / "bin" / "python"
+        python = shlex.quote(str(item.venv / "bin" / "python"))
         script = (
             f"set -e\n({item.setup_command}) || exit $?\n"
-            f"uv pip install --python {_quote(str(python))} {install}\n"
-            f"{_quote(str(python))} -c {_quote(_IMPORT_CHECK)}\n"
+            f"uv pip install --python {python} {install}\n"
+            f"{python} -c {shlex.quote(_IMPORT_CHECK)}\n"
         )
         done = subprocess.run(["/bin/bash", "-c", script], env=env, check=False)
         ok = done.returncode == 0
@@ -188,10 +188,6 @@ def _split(requirements: Sequence[str]) -> list[str]:
     for requirement in requirements:
         tokens.extend(requirement.split(" ", 1) if requirement.startswith("-e ") else [requirement])
     return tokens
-
-
-def _quote(token: str) -> str:
-    return shlex.quote(token)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
