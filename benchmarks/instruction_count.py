@@ -25,10 +25,13 @@ Measurements:
   (how our batched histogram replays queue waits), collected inside the phase.
 * ``ours`` also has a phase of collections without requests: the cost of one collection.
 
-``--check`` exits with status 1 when a bound is exceeded (CI runs ``--quick --check``). A count
-still moves with the memory layout (see ``_LAYOUT_BYTES``) by up to about 2,000 instructions per
-unqueued request, so a bound exceeded on one run is measured again, and each check is taken on
-the median of up to ``CHECK_RUNS`` runs.
+``--check`` exits with status 1 when a bound is exceeded (CI runs ``--quick --check``). A raw
+count moves with the memory layout by up to about 2,000 instructions per unqueued request,
+almost all of it CPython's type-attribute cache missing (``find_name_in_mro``): installing one
+more distribution in the virtualenv was enough to move it from about 850 to about 2,950. The
+unqueued check therefore takes those misses out of both counts (``added, misses not counted``);
+the table shows the raw figure beside it. A bound exceeded on one run is measured again, and
+each check is taken on the median of up to ``CHECK_RUNS`` runs.
 
 Run from the repository root: ``python benchmarks/instruction_count.py`` (``--help``).
 """
@@ -55,6 +58,11 @@ from _common import NAMING_MODES, machine, server_process
 
 _WORKER = Path(__file__).with_name("_icount_worker.py")
 _GC_FUNCTION = "gc_collect_main"
+# CPython's type-attribute cache is direct-mapped and indexed by the attribute name's address:
+# which (type, name) pairs evict each other, and so how often a lookup falls through to
+# ``find_name_in_mro``, depends on where the interpreter happened to put its strings. The
+# unqueued check does not count those instructions (see ``_summarise``).
+_TYPE_CACHE_MISS_FUNCTION = "find_name_in_mro"
 # Address-space randomisation off: CPython's type-attribute cache is indexed by object
 # addresses, so with randomised addresses its hits and misses, and the count, vary by run.
 _NO_ASLR = ("setarch", platform.machine(), "--addr-no-randomize") if shutil.which("setarch") else ()
@@ -62,7 +70,11 @@ _NO_ASLR = ("setarch", platform.machine(), "--addr-no-randomize") if shutil.whic
 # Targets from issue 12, and the bounds --check enforces: the targets with a margin, because
 # instruction counts move with aiohttp, SDK and CPython versions even when our code does not.
 UNQUEUED_TARGET = 1_500  # added instructions for a request that does not queue
-UNQUEUED_BOUND = 2_500
+UNQUEUED_BOUND = 2_500  # ... type-cache misses not counted (see _TYPE_CACHE_MISS_FUNCTION)
+# The raw figure, misses counted, has a looser bound of its own: it moves with the memory layout
+# (1,774 to 2,969 over six layouts of the same code), but code that invalidated a type's cache
+# entries on every request would show there, and not in the figure without misses.
+UNQUEUED_RAW_BOUND = 4_000
 FLOOR_FACTOR_TARGET = 1.25  # added per queued request / one batched SDK record
 FLOOR_FACTOR_BOUND = 1.4
 # Runs a --check may take: one, or three when the first exceeds a bound (median of three).
@@ -125,20 +137,22 @@ def _dump_totals(path: Path) -> int:
     raise RuntimeError(f"{path}: no totals line")
 
 
-def _dump_gc(path: Path) -> int:
-    """Instructions inside ``gc_collect_main`` (inclusive) in one callgrind dump file."""
+def _dump_inclusive(path: Path, functions: tuple[str, ...]) -> dict[str, int]:
+    """Instructions inside each of ``functions`` (inclusive) in one callgrind dump file."""
     annotate = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(path)],
         capture_output=True,
         text=True,
         check=True,
     )
-    pattern = re.compile(rf"^\s*([\d,]+)\s.*:{_GC_FUNCTION}[\s']")
+    counts = dict.fromkeys(functions, 0)  # 0: the function never ran in this phase
+    patterns = {name: re.compile(rf"^\s*([\d,]+)\s.*:{name}[\s']") for name in functions}
     for line in annotate.stdout.splitlines():
-        match = pattern.match(line)
-        if match:
-            return int(match.group(1).replace(",", ""))
-    return 0  # no collection ran in this phase
+        for name, pattern in patterns.items():
+            match = pattern.match(line)
+            if match and not counts[name]:
+                counts[name] = int(match.group(1).replace(",", ""))
+    return counts
 
 
 # What a worker inherits from the caller, and the fixed size its arguments and environment are
@@ -212,7 +226,9 @@ def _run_worker(
             continue
         dump = out / f"callgrind.out.{phase['dump']}"
         phase["instructions"] = _dump_totals(dump)
-        phase["gc_instructions"] = _dump_gc(dump)
+        inclusive = _dump_inclusive(dump, (_GC_FUNCTION, _TYPE_CACHE_MISS_FUNCTION))
+        phase["gc_instructions"] = inclusive[_GC_FUNCTION]
+        phase["type_cache_miss_instructions"] = inclusive[_TYPE_CACHE_MISS_FUNCTION]
     result["seconds"] = time.perf_counter() - started
     if not args.keep:
         shutil.rmtree(out)
@@ -226,6 +242,10 @@ def _per_unit(result: dict[str, Any], unit: str) -> dict[str, float]:
     figures = {
         "instructions": (long["instructions"] - short["instructions"]) / units,
         "gc_instructions": (long["gc_instructions"] - short["gc_instructions"]) / units,
+        "type_cache_miss_instructions": (
+            long["type_cache_miss_instructions"] - short["type_cache_miss_instructions"]
+        )
+        / units,
         "collections_per_1000": (long["collections"] - short["collections"]) / units * 1000,
     }
     if "queued" in long:
@@ -248,6 +268,11 @@ def _summarise(raw: dict[str, dict[str, Any]]) -> dict[str, Any]:
             continue
         row["vs_plain"] = row["instructions"] / reference["instructions"]
         row["added_per_request"] = row["instructions"] - reference["instructions"]
+        # The same difference with type-cache misses taken out of both counts: what the code
+        # run per request adds, whichever lookups the memory layout made collide.
+        row["added_per_request_cache_hits"] = (
+            row["instructions"] - row["type_cache_miss_instructions"]
+        ) - (reference["instructions"] - reference["type_cache_miss_instructions"])
         queued = row.get("queued_fraction", 0.0)
         if name.startswith("ours") and queued:
             row["added_per_queued"] = row["added_per_request"] / queued
@@ -280,10 +305,16 @@ def _checks(summary: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
             )
 
     check(
-        "ours-unqueued: added instructions per request",
-        rows.get("ours-unqueued", {}).get("added_per_request"),
+        "ours-unqueued: added instructions per request, type-cache misses not counted",
+        rows.get("ours-unqueued", {}).get("added_per_request_cache_hits"),
         UNQUEUED_TARGET,
         args.unqueued_bound,
+    )
+    check(
+        "ours-unqueued: added instructions per request, raw",
+        rows.get("ours-unqueued", {}).get("added_per_request"),
+        UNQUEUED_TARGET,
+        args.unqueued_raw_bound,
     )
     check(
         "ours: added per queued request / one batched SDK record",
@@ -339,10 +370,11 @@ def _print_tables(result: dict[str, Any]) -> None:
         f"{result['elapsed_s']:.0f} s\n"
     )
     print(
-        "| measurement | instructions/request | vs plain | added/request | queued "
-        "| added/queued request | × batched record | GC share | collections/1,000 requests |"
+        "| measurement | instructions/request | vs plain | added/request | type-cache misses "
+        "| added, misses not counted | queued | added/queued request | × batched record "
+        "| GC share | collections/1,000 requests |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ORDER:
         row = rows.get(name)
         if row is None or name == "floor":
@@ -352,6 +384,8 @@ def _print_tables(result: dict[str, Any]) -> None:
             f"| {_LABELS[name]} | {_num(row['instructions'])} "
             f"| {_num(row.get('vs_plain'), '{:.3f}×')} "
             f"| {_num(row.get('added_per_request'), '{:+,.0f}')} "
+            f"| {_num(row['type_cache_miss_instructions'])} "
+            f"| {_num(row.get('added_per_request_cache_hits'), '{:+,.0f}')} "
             f"| {_num(row.get('queued_fraction'), '{:.1%}')} "
             f"| {_num(row.get('added_per_queued'))} | {_num(vs_floor, '{:.2f}×')} "
             f"| {row['gc_share']:.1%} | {row['collections_per_1000']:.1f} |"
@@ -451,6 +485,7 @@ def main() -> None:
     parser.add_argument("--keep", default=None, help="keep callgrind's dumps in this directory")
     parser.add_argument("--check", action="store_true", help="exit 1 when a bound is exceeded")
     parser.add_argument("--unqueued-bound", type=float, default=UNQUEUED_BOUND)
+    parser.add_argument("--unqueued-raw-bound", type=float, default=UNQUEUED_RAW_BOUND)
     parser.add_argument("--floor-factor-bound", type=float, default=FLOOR_FACTOR_BOUND)
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
