@@ -82,10 +82,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
 from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
     uninstall as _uninstall_server_labels,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
-    PoolTelemetry,
-    is_api_proxy,
-)
+from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     _bind_instrumented_telemetry,
 )
@@ -265,12 +262,18 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 )
             return None
 
+        # Where connectors constructed directly record: an explicit provider's telemetry, or
+        # (None) the global provider's, which connection_pool resolves per construction and
+        # never over the API's proxy (global_pool_telemetry).
+        current: Callable[[], PoolTelemetry | None] | None = None
         if meter_provider is not None:
             # Made here, once per instrument(), never per connector or session.
             explicit = telemetry_of(meter_provider)
 
-            def current() -> PoolTelemetry | None:
+            def explicit_telemetry() -> PoolTelemetry | None:
                 return explicit
+
+            current = explicit_telemetry
 
             def choose() -> PoolTelemetry | None:
                 return exporting_telemetry(meter_provider)
@@ -278,11 +281,6 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         else:
             # The global provider may be set after instrument(), so it is resolved per
             # construction; PoolTelemetry.of makes its instruments once per provider.
-            def current() -> PoolTelemetry | None:
-                provider = metrics.get_meter_provider()
-                # Never over the API's proxy: that would own the later provider's instruments.
-                return None if is_api_proxy(provider) else telemetry_of(provider)
-
             def choose() -> PoolTelemetry | None:
                 return exporting_telemetry(metrics.get_meter_provider())
 
