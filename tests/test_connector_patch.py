@@ -31,12 +31,10 @@ ORIGINAL_DICT_NAMES = set(aiohttp.TCPConnector.__dict__)
 
 
 @pytest.fixture
-def instrumentor() -> Iterator[NemoGymInstrumentor]:
-    """The singleton instrumentor, uninstrumented after the test, aiohttp's __init__ restored."""
-    instance = NemoGymInstrumentor()
-    instance.uninstrument()
-    yield instance
-    instance.uninstrument()
+def instrumentor(instrumentor: NemoGymInstrumentor) -> Iterator[NemoGymInstrumentor]:
+    """conftest's instrumentor, and afterwards aiohttp's __init__ restored."""
+    yield instrumentor
+    instrumentor.uninstrument()
     # A test that stacked another library's wrapper takes it off by restoring aiohttp's own,
     # as that library's own unwrap would.
     aiohttp.TCPConnector.__init__ = ORIGINAL_INIT  # type: ignore[method-assign]
