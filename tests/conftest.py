@@ -77,9 +77,10 @@ def run_under_instrument(script: Path, **settings: str) -> subprocess.CompletedP
 async def serve_on_loopback(
     host: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> tuple[web.AppRunner, int]:
-    """Serve ``handler`` for every GET path on ``host`` at a free port; the runner and port."""
+    """Serve ``handler`` for every method and path on ``host`` at a free port; the runner and
+    port."""
     app = web.Application()
-    app.router.add_get("/{tail:.*}", handler)
+    app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)

@@ -47,6 +47,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_support import free_port, http_status, running_collector
+from conftest import GatedServer, serve_on_loopback
 from opentelemetry.instrumentation.nemo_gym.ray import runtime_env
 
 pytestmark = [
@@ -94,39 +95,8 @@ class TraceReceiver:
         return web.Response(content_type="application/x-protobuf", body=b"")
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/traces", self._traces)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1/traces"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
-class CountingServer:
-    """A loopback aiohttp server answering every GET and counting the requests it served."""
-
-    def __init__(self) -> None:
-        self.served = 0
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _answer(self, request: web.Request) -> web.Response:
-        self.served += 1
-        return web.Response(text="ok")
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._answer)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/"
+        self._runner, port = await serve_on_loopback("127.0.0.1", self._traces)
+        self.url = f"http://127.0.0.1:{port}/v1/traces"
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -197,8 +167,10 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str
 
 
 @pytest.fixture
-async def servers() -> AsyncIterator[tuple[CountingServer, TraceReceiver]]:
-    target, receiver = CountingServer(), TraceReceiver()
+async def servers() -> AsyncIterator[tuple[GatedServer, TraceReceiver]]:
+    """The requests' destination (it answers at once: nothing is sent to ``/hold``) and the
+    trace receiver."""
+    target, receiver = GatedServer("127.0.0.1"), TraceReceiver()
     await target.start()
     await receiver.start()
     yield target, receiver
@@ -246,7 +218,7 @@ async def until(what: str, check: Any) -> Any:
 
 
 async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_spans(
-    ray_cluster: tuple[Any, str, str], servers: tuple[CountingServer, TraceReceiver]
+    ray_cluster: tuple[Any, str, str], servers: tuple[GatedServer, TraceReceiver]
 ) -> None:
     """A task on the second node: exact connects in the collector, its node id, sandbox spans."""
     ray, second_node, address = ray_cluster
@@ -342,7 +314,7 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
     )
     assert task["connector"] == "QueueTimedTCPConnector", task
     assert task["node"] == second_node
-    assert target.served == REQUESTS
+    assert target.requests == REQUESTS
 
     def arrived() -> tuple[dict[str, str], float] | None:
         series = connect_series(scrape(collector.prometheus), destination)
@@ -390,12 +362,12 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
     await asyncio.to_thread(ray.init, address=address, log_to_driver=False, runtime_env=env)
     job_destination = destination + "-job"
     job_task = ray.remote(requests_from_worker).options(scheduling_strategy=on_second_node)
-    served_before = target.served
+    served_before = target.requests
     from_job = await asyncio.to_thread(
         ray.get, job_task.remote(target.url, REQUESTS, job_destination), timeout=BOUND_S
     )
     assert from_job["connector"] == "QueueTimedTCPConnector", from_job
-    assert target.served - served_before == REQUESTS
+    assert target.requests - served_before == REQUESTS
 
     def job_arrived() -> tuple[dict[str, str], float] | None:
         series = connect_series(scrape(collector.prometheus), job_destination)
