@@ -17,26 +17,12 @@ import asyncio
 import json
 
 import aiohttp
-from aiohttp import web
+from loopback import serve
 
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     reset_server_name,
     set_server_name,
 )
-
-
-async def serve(host: str) -> tuple[web.AppRunner, str]:
-    async def handle(_: web.Request) -> web.Response:
-        await asyncio.sleep(0.01)
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
-    return runner, f"http://{host}:{runner.addresses[0][1]}/"
 
 
 async def burst(label: str, url: str, count: int, **limits: int) -> str:
@@ -60,8 +46,8 @@ async def main() -> None:
     parser.add_argument("--resources", type=int, required=True)
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay up after")
     args = parser.parse_args()
-    policy, policy_url = await serve("127.0.0.1")
-    resources, resources_url = await serve("127.0.0.2")
+    policy, policy_url = await serve("127.0.0.1", 0.01)
+    resources, resources_url = await serve("127.0.0.2", 0.01)
     try:
         connector = await burst("policy", policy_url, args.policy, limit=1)
         await burst("resources", resources_url, args.resources, limit=100, limit_per_host=1)

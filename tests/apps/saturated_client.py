@@ -7,21 +7,11 @@ No OpenTelemetry code here: everything comes from the auto-loader and the enviro
 import asyncio
 
 import aiohttp
-from aiohttp import web
+from loopback import serve
 
 
 async def main() -> None:
-    async def handle(_: web.Request) -> web.Response:
-        await asyncio.sleep(0.005)
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    runner, url = await serve("127.0.0.1", 0.005)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
             print(f"connector={type(session.connector).__name__}", flush=True)
