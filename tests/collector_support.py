@@ -10,6 +10,7 @@ with the reason outside CI).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from conftest import INSTRUMENT, require_service
 ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
 FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
+EXAMPLE_APP = ROOT / "examples" / "prometheus" / "app.py"
 STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
 RUN_COMMAND = (
     "bash scripts/start-collector.sh && NEMO_GYM_COLLECTOR=required "
@@ -150,41 +152,26 @@ def _true(done: Callable[[], bool]) -> bool:
         return False
 
 
-def scrape_config(target: str, interval_s: float = 1.0, rule_files: tuple[Path, ...] = ()) -> str:
-    """Prometheus configuration scraping the collector's exporter at ``target`` (host:port).
-
-    ``honor_labels``: the collector sets ``job`` and ``instance`` from each process's
-    ``service.name`` and ``service.instance.id``; without it Prometheus would rename them to
-    ``exported_job``/``exported_instance`` and put the collector's own address in their place.
-    """
-    interval = f"{interval_s:g}s"
-    rules = "".join(f"  - {json.dumps(str(path))}\n" for path in rule_files)
-    return (
-        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-        + (f"rule_files:\n{rules}" if rules else "")
-        + "scrape_configs:\n"
-        "  - job_name: otel_collector\n"
-        "    honor_labels: true\n"
-        f"    scrape_interval: {interval}\n"
-        f"    scrape_timeout: {interval}\n"
-        "    static_configs:\n"
-        f"      - targets: ['{target}']\n"
-    )
+def _example_prometheus_config() -> Callable[..., str]:
+    """``prometheus_config`` of ``examples/prometheus/app.py``, the configuration users get."""
+    spec = importlib.util.spec_from_file_location("nemo_gym_prometheus_example", EXAMPLE_APP)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config: Callable[..., str] = module.prometheus_config
+    return config
 
 
 @contextmanager
-def prometheus_scraping(
-    collector: Collector, workdir: Path, rule_files: tuple[Path, ...] = ()
-) -> Iterator[Prometheus]:
-    """A real Prometheus (Debian's binary) scraping ``collector`` every second."""
+def prometheus_server(config: Path, workdir: Path) -> Iterator[Prometheus]:
+    """A real Prometheus (Debian's binary) with ``config``, its data and log in ``workdir``,
+    on a free loopback port; ended afterwards."""
     binary = shutil.which("prometheus")
     require_service(
         binary is not None, "the prometheus binary is not on PATH (apt-get install prometheus)"
     )
     assert binary is not None
-    target = urllib.parse.urlsplit(collector.prometheus).netloc
-    config = workdir / "prometheus.yml"
-    config.write_text(scrape_config(target, rule_files=rule_files))
     port = free_port()
     log = workdir / "prometheus.log"
     with log.open("w") as log_file:
@@ -199,14 +186,24 @@ def prometheus_scraping(
             stderr=subprocess.STDOUT,
         )
         try:
-            prometheus = Prometheus(url=f"http://127.0.0.1:{port}", log=log)
-            prometheus.wait_for(
-                "scraped the collector",
-                lambda: bool(prometheus.query('up{job="otel_collector"} == 1')),
-            )
-            yield prometheus
+            yield Prometheus(url=f"http://127.0.0.1:{port}", log=log)
         finally:
             stop(server)
+
+
+@contextmanager
+def prometheus_scraping(
+    collector: Collector, workdir: Path, rule_files: tuple[Path, ...] = ()
+) -> Iterator[Prometheus]:
+    """A real Prometheus scraping ``collector`` every second, configured as the example app
+    configures it for a collector (``--scrape-target``: ``honor_labels``, so ``job`` and
+    ``instance`` are the ones the collector derives from each process's resource)."""
+    target = urllib.parse.urlsplit(collector.prometheus).netloc
+    config = workdir / "prometheus.yml"
+    config.write_text(_example_prometheus_config()(0, 1.0, rule_files, target))
+    with prometheus_server(config, workdir) as prometheus:
+        prometheus.wait_for("scraped the collector", lambda: bool(prometheus.query("up == 1")))
+        yield prometheus
 
 
 def stop(process: subprocess.Popen[Any]) -> None:

@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from collector_support import Prometheus, free_port, stop
+from collector_support import Prometheus, prometheus_server, stop
 from conftest import require_service
 from promql_sources import MODES, RULES, Expression, all_expressions
 
@@ -170,11 +170,6 @@ def app_scraped(
     """The app (with ``app_args``) in one naming mode after two rounds and a hold, scraped by
     Prometheus as it configures it; ``metrics_url`` is where its series are (default: its own
     endpoint). Both end afterwards."""
-    prometheus = shutil.which("prometheus")
-    require_service(
-        prometheus is not None, "the prometheus binary is not on PATH (apt-get install prometheus)"
-    )
-    assert prometheus is not None
     config = workdir / "prometheus.yml"
     env = dict(os.environ)
     env.pop("OTEL_SEMCONV_STABILITY_OPT_IN", None)
@@ -195,41 +190,25 @@ def app_scraped(
         text=True,
         env=env,
     )
-    server: subprocess.Popen[str] | None = None
-    log_path = workdir / "prometheus.log"
-    log = log_path.open("w")
     try:
         ready = _report(app, "ready")
-        port = free_port()
-        server = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        result = Run(
-            url=f"http://127.0.0.1:{port}",
-            log=log_path,
-            mode=mode,
-            metrics_url=metrics_url or f"http://127.0.0.1:{ready['metrics_port']}/metrics",
-        )
-        # Rates need a sample from before the traffic: the first round starts after a scrape.
-        _settle(result, time.time())
-        for _ in range(ROUNDS):
-            result.reports["round"] = _command(app, "round")
-            _settle(result, result.reports["round"]["time"])
-        result.reports["hold"] = _command(app, "hold")
-        _settle(result, result.reports["hold"]["time"])
-        yield result
+        with prometheus_server(config, workdir) as prometheus:
+            result = Run(
+                url=prometheus.url,
+                log=prometheus.log,
+                mode=mode,
+                metrics_url=metrics_url or f"http://127.0.0.1:{ready['metrics_port']}/metrics",
+            )
+            # Rates need a sample from before the traffic: the first round starts after a
+            # scrape.
+            _settle(result, time.time())
+            for _ in range(ROUNDS):
+                result.reports["round"] = _command(app, "round")
+                _settle(result, result.reports["round"]["time"])
+            result.reports["hold"] = _command(app, "hold")
+            _settle(result, result.reports["hold"]["time"])
+            yield result
     finally:
-        if server is not None:
-            stop(server)
-        log.close()
         if app.stdin is not None and app.poll() is None:
             try:
                 app.stdin.write("release\nquit\n")
