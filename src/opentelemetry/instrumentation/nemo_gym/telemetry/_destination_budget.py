@@ -53,11 +53,6 @@ class DestinationBudget:
         # Counts already forgotten, subtracted from the running totals the caller passes.
         self._baseline: dict[Destination, int] = {}
 
-    @property
-    def admitted(self) -> frozenset[Destination]:
-        """The destinations that currently have series of their own."""
-        return frozenset(self._admitted)
-
     def created(
         self, totals: Mapping[Destination, int], busy: Iterable[Destination]
     ) -> CreatedReport:

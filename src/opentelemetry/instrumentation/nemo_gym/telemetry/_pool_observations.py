@@ -68,7 +68,7 @@ def semconv_wait_attributes(
 
 
 def open_connection_observations(
-    states: Iterable[PoolState], budget: DestinationBudget | None = None
+    states: Iterable[PoolState], budget: DestinationBudget
 ) -> Iterator[Observation]:
     """``http.client.open_connections``: active and idle connections per destination.
 
@@ -82,7 +82,7 @@ def open_connection_observations(
         add_into(active, state.active)
         add_into(idle, state.idle)
     both = {where: active.get(where, 0) + idle.get(where, 0) for where in active.keys() | idle}
-    own = sorted(budget.split(both)[0] if budget is not None else both)
+    own = sorted(budget.split(both)[0])
     rest = both.keys() - set(own)
     for state_name, counts in ((names.STATE_ACTIVE, active), (names.STATE_IDLE, idle)):
         for where in own:
@@ -97,13 +97,13 @@ def open_connection_observations(
 
 
 def waiting_observations(
-    states: Iterable[PoolState], budget: DestinationBudget | None = None
+    states: Iterable[PoolState], budget: DestinationBudget
 ) -> Iterator[Observation]:
     """``gym.http.connection_pool.waiting_requests`` per destination, over-budget ones summed."""
     waiting: dict[Destination, int] = {}
     for state in states:
         add_into(waiting, state.waiting)
-    own, rest = budget.split(waiting) if budget is not None else (waiting, None)
+    own, rest = budget.split(waiting)
     for where, count in sorted(own.items()):
         yield Observation(count, destination_attributes(where))
     if rest is not None:
