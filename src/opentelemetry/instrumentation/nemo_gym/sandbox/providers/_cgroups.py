@@ -211,6 +211,13 @@ def oom_kills(cgroup: Cgroup | None) -> int | None:
     return _read_keyed(cgroup.file("memory", "memory.events")).get("oom_kill")
 
 
+def memory_bytes(cgroup: Cgroup) -> int | None:
+    """The cgroup's memory usage in bytes; ``None`` when it cannot be read (see
+    ``cgroup_usage``)."""
+    name = "memory.usage_in_bytes" if cgroup.version == 1 else "memory.current"
+    return _read_int(cgroup.file("memory", name))
+
+
 def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
     """What the kernel accounts for ``cgroup``, by quantity (``cpu.time_s``,
     ``cpu.throttled_s``, ``cpu.throttled_periods``, ``memory_mib``, ``memory_peak_mib``,
@@ -222,10 +229,10 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
     descendants; v1 ``memory.oom_control`` ``oom_kill`` (Linux 4.13+) counts kills charged to
     this memory cgroup; older v1 kernels offer no count, and the figure is left out.
     """
+    memory = memory_bytes(cgroup)
+    if memory is None:
+        return None
     if cgroup.version == 1:
-        memory = _read_int(cgroup.file("memory", "memory.usage_in_bytes"))
-        if memory is None:
-            return None
         cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat")) if cgroup.has("cpu") else {}
         cpu_ns = (
             _read_int(cgroup.file("cpuacct", "cpuacct.usage")) if cgroup.has("cpuacct") else None
@@ -235,9 +242,6 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
         throttled_s = None if throttled is None else throttled / 1e9
         peak = _read_int(cgroup.file("memory", "memory.max_usage_in_bytes"))
     else:
-        memory = _read_int(cgroup.file("memory", "memory.current"))
-        if memory is None:
-            return None
         cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
         usage_us = cpu_stat.get("usage_usec")
         cpu_s = None if usage_us is None else usage_us / 1e6
