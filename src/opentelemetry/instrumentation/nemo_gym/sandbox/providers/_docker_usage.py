@@ -139,23 +139,19 @@ class ContainerUsage:
                 sample.update({"usage." + k: v for k, v in usage.items()})
                 if usage.get("pids") == 0:
                     # No process left: the container has ended; the engine says how.
-                    state = (inspect or await self._inspect(container_id)).get("State") or {}
-                    sample.update(_ending(state))
+                    sample.update(_ending(await self._state(container_id, inspect)))
                 return sample
             located.cgroup = None  # gone: the container ended, or its cgroup moved
-        state = (inspect or await self._inspect(container_id)).get("State") or {}
+        state = await self._state(container_id, inspect)
         sample = {"usage.source": STATS_SOURCE}
+        sample.update(_ending(state))
         if state.get("Running"):
-            if isinstance(state.get("OOMKilled"), bool):
-                sample["usage.oom_killed"] = state["OOMKilled"]
             stats = await self._api.json(
                 "GET",
                 f"/containers/{container_id}/stats",
                 params={"stream": "false", "one-shot": "true"},
             )
             sample.update(sample_from_stats(stats))
-        else:
-            sample.update(_ending(state))
         if located.oom_kills is not None:
             # The cgroup counted kills before it went: keep the count (never lower), and the
             # engine's flag is at least one kill the cgroup may not have shown in time.
@@ -163,9 +159,14 @@ class ContainerUsage:
             sample["usage.oom_kills"] = max(located.oom_kills, flagged)
         return sample
 
+    async def _state(self, container_id: str, inspect: dict[str, Any] | None) -> dict[str, Any]:
+        """The engine's ``State`` of the container, from ``inspect`` when already asked."""
+        return (inspect or await self._inspect(container_id)).get("State") or {}
+
 
 def _ending(state: dict[str, Any]) -> dict[str, Attribute]:
-    """The engine's word on a container that has ended: OOM-killed, exit code."""
+    """The engine's word on how a container ended: OOM-killed, and (once it is no longer
+    running) its exit code."""
     ending: dict[str, Attribute] = {}
     if isinstance(state.get("OOMKilled"), bool):
         ending["usage.oom_killed"] = state["OOMKilled"]
