@@ -20,7 +20,7 @@ from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import (
-    CONTROLLERS,
+    procs_of,
     read_file,
     read_mounts,
 )
@@ -46,12 +46,8 @@ _RMDIR_PAUSE_S = 0.01
 JOIN_SCRIPT = 'c=$1; shift; for f do echo $$ >"$f" || exit 125; done; exec /bin/sh -c "$c"'
 
 
-def read_text(path: Path) -> str | None:
-    return read_file(path)
-
-
 def _read_int(path: Path) -> int | None:
-    text = read_text(path)
+    text = read_file(path)
     try:
         return None if text is None else int(text)
     except ValueError:
@@ -61,7 +57,7 @@ def _read_int(path: Path) -> int | None:
 def _read_keyed(path: Path) -> dict[str, int]:
     """``key value`` lines (cpu.stat, memory.events, memory.oom_control) as a dict."""
     values: dict[str, int] = {}
-    for line in (read_text(path) or "").splitlines():
+    for line in (read_file(path) or "").splitlines():
         name, _, value = line.partition(" ")
         with contextlib.suppress(ValueError):
             values[name] = int(value)
@@ -87,12 +83,12 @@ def discover_layout() -> Layout | None:
     """Writable cgroup hierarchies from ``/proc/self/mountinfo``; v1 first (a hybrid machine
     binds cpu and memory to v1, leaving its v2 hierarchy without them), else v2."""
     mounts = read_mounts()
-    v1 = {c: m.point for c, m in mounts.v1.items() if c in CONTROLLERS}
+    v1 = {c: m.point for c, m in mounts.v1.items()}
     if "cpu" in v1 and "memory" in v1 and all(os.access(p, os.W_OK) for p in v1.values()):
         return Layout(1, v1)
     v2 = None if mounts.v2 is None else mounts.v2.point
     if v2 is not None and os.access(v2, os.W_OK):
-        available = set((read_text(v2 / "cgroup.controllers") or "").split())
+        available = set((read_file(v2 / "cgroup.controllers") or "").split())
         if {"cpu", "memory"} <= available:
             return Layout(2, {"": v2})
     return None
@@ -117,7 +113,7 @@ class Cgroup:
 
 
 def _enable_v2_controllers(directory: Path, wanted: Sequence[str]) -> None:
-    enabled = set((read_text(directory / "cgroup.subtree_control") or "").split())
+    enabled = set((read_file(directory / "cgroup.subtree_control") or "").split())
     missing = [c for c in wanted if c not in enabled]
     if missing:
         write_text(directory / "cgroup.subtree_control", " ".join("+" + c for c in missing))
@@ -137,7 +133,7 @@ def make_cgroup(
     try:
         if layout.version == 2:
             root = layout.mounts[""]
-            available = (read_text(root / "cgroup.controllers") or "").split()
+            available = (read_file(root / "cgroup.controllers") or "").split()
             wanted = [c for c in ("cpu", "memory", "pids") if c in available]
             _enable_v2_controllers(root, wanted)
             (root / parent).mkdir(exist_ok=True)
@@ -175,11 +171,10 @@ def make_cgroup(
 
 
 def cgroup_pids(cgroup: Cgroup) -> set[int]:
+    """The PIDs in any of the cgroup's directories."""
     pids: set[int] = set()
     for directory in cgroup.unique_dirs():
-        for line in (read_text(directory / "cgroup.procs") or "").split():
-            with contextlib.suppress(ValueError):
-                pids.add(int(line))
+        pids |= procs_of(directory)
     return pids
 
 
@@ -197,12 +192,12 @@ def cgroup_limits(cgroup: Cgroup) -> SandboxResourceAmounts:
             memory_mib = limit // MIB
     else:
         # cpu.max is "<quota> <period>" or "max <period>"; memory.max is "<bytes>" or "max".
-        quota_text, _, period_text = (read_text(cgroup.file("cpu", "cpu.max")) or "max").partition(
+        quota_text, _, period_text = (read_file(cgroup.file("cpu", "cpu.max")) or "max").partition(
             " "
         )
         if quota_text.isdigit() and period_text.isdigit() and int(period_text) > 0:
             cpu = int(quota_text) / int(period_text)
-        limit_text = read_text(cgroup.file("memory", "memory.max")) or "max"
+        limit_text = read_file(cgroup.file("memory", "memory.max")) or "max"
         if limit_text.isdigit():
             memory_mib = int(limit_text) // MIB
     return SandboxResourceAmounts(cpu=cpu, memory_mib=memory_mib)
@@ -216,6 +211,13 @@ def oom_kills(cgroup: Cgroup | None) -> int | None:
     return _read_keyed(cgroup.file("memory", "memory.events")).get("oom_kill")
 
 
+def memory_bytes(cgroup: Cgroup) -> int | None:
+    """The cgroup's memory usage in bytes; ``None`` when it cannot be read (see
+    ``cgroup_usage``)."""
+    name = "memory.usage_in_bytes" if cgroup.version == 1 else "memory.current"
+    return _read_int(cgroup.file("memory", name))
+
+
 def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
     """What the kernel accounts for ``cgroup``, by quantity (``cpu.time_s``,
     ``cpu.throttled_s``, ``cpu.throttled_periods``, ``memory_mib``, ``memory_peak_mib``,
@@ -227,10 +229,10 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
     descendants; v1 ``memory.oom_control`` ``oom_kill`` (Linux 4.13+) counts kills charged to
     this memory cgroup; older v1 kernels offer no count, and the figure is left out.
     """
+    memory = memory_bytes(cgroup)
+    if memory is None:
+        return None
     if cgroup.version == 1:
-        memory = _read_int(cgroup.file("memory", "memory.usage_in_bytes"))
-        if memory is None:
-            return None
         cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat")) if cgroup.has("cpu") else {}
         cpu_ns = (
             _read_int(cgroup.file("cpuacct", "cpuacct.usage")) if cgroup.has("cpuacct") else None
@@ -240,9 +242,6 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
         throttled_s = None if throttled is None else throttled / 1e9
         peak = _read_int(cgroup.file("memory", "memory.max_usage_in_bytes"))
     else:
-        memory = _read_int(cgroup.file("memory", "memory.current"))
-        if memory is None:
-            return None
         cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
         usage_us = cpu_stat.get("usage_usec")
         cpu_s = None if usage_us is None else usage_us / 1e6

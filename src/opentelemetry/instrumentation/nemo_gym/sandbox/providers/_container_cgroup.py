@@ -27,7 +27,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts imp
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
     Cgroup,
-    cgroup_usage,
+    memory_bytes,
 )
 
 __all__ = ["cgroup_of_paths", "container_cgroup"]
@@ -73,4 +73,5 @@ def container_cgroup(pid: object, container_id: str, mounts: Mounts | None = Non
         return None
     if pid not in procs_of(cgroup.dirs["memory" if cgroup.version == 1 else ""]):
         return None
-    return cgroup if cgroup_usage(cgroup) is not None else None
+    # The one figure without which cgroup_usage gives no sample at all.
+    return cgroup if memory_bytes(cgroup) is not None else None

@@ -27,6 +27,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import (
+    Mounts,
+    read_mounts,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
     Cgroup,
     cgroup_usage,
@@ -73,6 +77,7 @@ class ContainerUsage:
         self._inspect = inspect
         self._cgroups = cgroups
         self._located: dict[str, _Located] = {}
+        self._mounts: Mounts | None = None  # read at the first locate (see _container_cgroup)
 
     def locate(self, container_id: str, inspect: dict[str, Any]) -> None:
         """Find the container's cgroup from an inspect answer taken while it runs. Never
@@ -81,10 +86,27 @@ class ContainerUsage:
         if self._cgroups:
             try:
                 pid = (inspect.get("State") or {}).get("Pid")
-                cgroup = container_cgroup(pid, container_id)
+                cgroup = self._container_cgroup(pid, container_id)
             except Exception as exc:  # noqa: BLE001 - the stats endpoint still answers
                 LOGGER.debug("container %s: cgroup not located: %r", container_id, exc)
         self._located[container_id] = _Located(cgroup)
+
+    def _container_cgroup(self, pid: object, container_id: str) -> Cgroup | None:
+        """``container_cgroup`` under this host's cgroup mounts, read once rather than per
+        container. A cgroup found under the kept mounts is checked against its own files
+        (the PID in ``cgroup.procs``, the memory usage readable), so it is live whatever
+        has been mounted since. When none is found, the mounts are read again and, if they
+        have changed (a hierarchy mounted after the first look), the search is repeated:
+        the answer is the one a fresh read alone would give."""
+        if self._mounts is not None:
+            cgroup = container_cgroup(pid, container_id, self._mounts)
+            if cgroup is not None:
+                return cgroup
+        mounts = read_mounts()
+        if mounts == self._mounts:
+            return None
+        self._mounts = mounts
+        return container_cgroup(pid, container_id, mounts)
 
     def forget(self, container_id: str) -> None:
         """Drop what is known about a container (it was removed)."""
@@ -117,23 +139,19 @@ class ContainerUsage:
                 sample.update({"usage." + k: v for k, v in usage.items()})
                 if usage.get("pids") == 0:
                     # No process left: the container has ended; the engine says how.
-                    state = (inspect or await self._inspect(container_id)).get("State") or {}
-                    sample.update(_ending(state))
+                    sample.update(_ending(await self._state(container_id, inspect)))
                 return sample
             located.cgroup = None  # gone: the container ended, or its cgroup moved
-        state = (inspect or await self._inspect(container_id)).get("State") or {}
+        state = await self._state(container_id, inspect)
         sample = {"usage.source": STATS_SOURCE}
+        sample.update(_ending(state))
         if state.get("Running"):
-            if isinstance(state.get("OOMKilled"), bool):
-                sample["usage.oom_killed"] = state["OOMKilled"]
             stats = await self._api.json(
                 "GET",
                 f"/containers/{container_id}/stats",
                 params={"stream": "false", "one-shot": "true"},
             )
             sample.update(sample_from_stats(stats))
-        else:
-            sample.update(_ending(state))
         if located.oom_kills is not None:
             # The cgroup counted kills before it went: keep the count (never lower), and the
             # engine's flag is at least one kill the cgroup may not have shown in time.
@@ -141,9 +159,14 @@ class ContainerUsage:
             sample["usage.oom_kills"] = max(located.oom_kills, flagged)
         return sample
 
+    async def _state(self, container_id: str, inspect: dict[str, Any] | None) -> dict[str, Any]:
+        """The engine's ``State`` of the container, from ``inspect`` when already asked."""
+        return (inspect or await self._inspect(container_id)).get("State") or {}
+
 
 def _ending(state: dict[str, Any]) -> dict[str, Attribute]:
-    """The engine's word on a container that has ended: OOM-killed, exit code."""
+    """The engine's word on how a container ended: OOM-killed, and (once it is no longer
+    running) its exit code."""
     ending: dict[str, Attribute] = {}
     if isinstance(state.get("OOMKilled"), bool):
         ending["usage.oom_killed"] = state["OOMKilled"]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import (
     ProcScan,
     proc_table,
@@ -120,7 +121,7 @@ class ProcessSandboxProvider:
         self._sandboxes: dict[str, Sandbox] = {}
         # Samples without a cgroup share one /proc scan per tick (see _proc_scan).
         self._proc_scan = ProcScan()
-        boot_id = _cgroups.read_text(Path("/proc/sys/kernel/random/boot_id"))
+        boot_id = read_file("/proc/sys/kernel/random/boot_id")
         self._boot_id = boot_id or None
         hostname = socket.gethostname()
         self._host = ResourceDesignator("host", hostname) if hostname else None
