@@ -66,6 +66,15 @@ CAPABILITY_SPANS = {
     "attach_pty": "sandbox.pty.attach",
     "serialize_handle": "sandbox.serialize",
 }
+# Every provider method that takes a handle first and is traced by ``traced_call``, and the
+# span each call is: the lifecycle's, then the optional capabilities. Both the
+# ``traced_provider`` wrapper and the auto-traced classes trace exactly these.
+HANDLE_SPANS = {
+    "exec": "sandbox.exec",
+    "upload_file": "sandbox.upload",
+    "download_file": "sandbox.download",
+    **CAPABILITY_SPANS,
+}
 CONNECT_SPAN = "sandbox.connect"
 
 # How long close() lets the final sample run before it calls the provider's close anyway: the
@@ -312,6 +321,11 @@ def describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
     if error_type:
         described[EXEC_ERROR_TYPE] = str(error_type)
     return described
+
+
+# What the span of a ``HANDLE_SPANS`` method records about its result; the others record
+# nothing of it.
+RESULT_DESCRIPTIONS: dict[str, Callable[[Any], dict[str, Attribute]]] = {"exec": describe_exec}
 
 
 def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asyncio.Task[Any]]:
