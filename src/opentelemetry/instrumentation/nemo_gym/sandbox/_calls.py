@@ -112,13 +112,32 @@ def sandbox_identity(handle: SandboxHandle) -> dict[str, Attribute]:
     this process (under the current state, or the default one); ``provider`` and ``id``
     alone for any other handle (a borrowed one, say).
     """
+    return _identity_under(handle, None)
+
+
+def _identity_under(handle: SandboxHandle, state: SandboxState | None) -> dict[str, Attribute]:
+    """``sandbox_identity``, asking ``state`` first when given (a wrapper's explicit state
+    need not be the current one)."""
     key = sandbox_key(handle)
-    state = current_state()
-    for candidate in (state, default_state()):
+    for candidate in _states_to_ask(state):
         entry = candidate.registry.get(key)
         if entry is not None and entry.identity is not None:
             return dict(entry.identity)
     return {PROVIDER: key[0], SANDBOX_ID: key[1]}
+
+
+def _states_to_ask(first: SandboxState | None) -> Iterator[SandboxState]:
+    """``first`` when given, then the current state, then the default one, each once. Each is
+    looked up only when the one before did not know the handle: the default state is made on
+    first use."""
+    if first is not None:
+        yield first
+    current = current_state()
+    if current is not first:
+        yield current
+    default = default_state()
+    if default is not first and default is not current:
+        yield default
 
 
 @contextmanager
@@ -134,13 +153,10 @@ def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
 
 
 def _identity_or_empty(state: SandboxState, handle: Any) -> dict[str, Attribute]:
-    """``handle``'s identity as ``state`` knows it (a wrapper's explicit state need not be the
-    current one), else as ``sandbox_identity`` finds it."""
+    """``handle``'s identity as ``state`` knows it, else as ``sandbox_identity`` finds it;
+    empty for a handle we cannot read."""
     try:
-        entry = state.registry.get(sandbox_key(handle))
-        if entry is not None and entry.identity is not None:
-            return dict(entry.identity)
-        return sandbox_identity(handle)
+        return _identity_under(handle, state)
     except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
         log_failure("reading a sandbox handle", exc)
         return {}
