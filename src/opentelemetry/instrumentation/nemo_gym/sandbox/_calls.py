@@ -210,19 +210,14 @@ async def traced_create(
     except Exception as exc:  # noqa: BLE001 - a spec we cannot describe still gets an identity
         log_failure("describing a sandbox spec", exc, name)
         attributes = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    token = _TRACING.set(id(provider))
     try:
-        with _span(state, "sandbox.create", attributes) as span:
-            handle = await call()
-            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+        handle = await _traced_handle_source(state, provider, "sandbox.create", attributes, call)
     except Exception as exc:
         _count_creation(state, name, exc)
         raise  # the provider's own exception object, unchanged
-    finally:
-        _TRACING.reset(token)
     _count_creation(state, name, None)
-    # Outside the create span: the records belong to the caller's context, and the guard above
-    # is reset so the tasks started here do not inherit it.
+    # Outside the create span: the records belong to the caller's context, and the guard
+    # _traced_handle_source set is reset so the tasks started here do not inherit it.
     _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
     return handle
 
@@ -241,15 +236,30 @@ async def traced_connect(
         return await call()
     name = provider_name(provider)
     attributes: dict[str, Attribute] = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    token = _TRACING.set(id(provider))
-    try:
-        with _span(state, CONNECT_SPAN, attributes) as span:
-            handle = await call()
-            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
-    finally:
-        _TRACING.reset(token)
+    handle = await _traced_handle_source(state, provider, CONNECT_SPAN, attributes, call)
     _start_resource_records(state, provider, handle, attributes, None)
     return handle
+
+
+async def _traced_handle_source(
+    state: SandboxState,
+    provider: object,
+    span_name: str,
+    attributes: Mapping[str, Attribute],
+    call: Callable[[], Awaitable[_T]],
+) -> _T:
+    """Run ``call`` (a provider call that gives a handle: create, connect) inside a span
+    named ``span_name`` with ``attributes`` and the handle's id, with nested calls into
+    ``provider`` passing straight through. The guard is reset on return, so the records the
+    caller starts next do not inherit it."""
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, span_name, attributes) as span:
+            handle = await call()
+            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+            return handle
+    finally:
+        _TRACING.reset(token)
 
 
 def _count_creation(state: SandboxState, provider: str, error: Exception | None) -> None:
