@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -364,6 +366,43 @@ async def test_traced_provider_connect_handle_is_known_as_created(
     assert identity(exec_span) == identity(close) == known
     assert len(state.registry) == 0  # closed: forgotten like a created sandbox
     assert spans(span_exporter, "sandbox.create") == []
+
+
+async def test_traced_provider_connect_is_not_counted_as_a_creation(
+    tracer_provider: TracerProvider,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    """connect() rebuilds a handle to a sandbox made elsewhere: gym.sandbox.creations counts
+    the create that made it, and nothing for the connect."""
+    state = SandboxState(tracer_provider, meter_provider=meter_provider, interval_s=0)
+    control_plane: dict[str, Any] = {}
+    creator: Any = traced_provider(WithConnect(control_plane), state)
+    traced: Any = traced_provider(WithConnect(control_plane), state)
+    try:
+        descriptor = await creator.serialize_handle(await creator.create(SandboxSpec()))
+        after_create = creations(metric_reader)
+        handle = await traced.connect(descriptor)
+        await traced.close(handle)
+    finally:
+        await creator.aclose()
+    assert after_create == {"created": 1}
+    assert creations(metric_reader) == after_create
+
+
+def creations(reader: InMemoryMetricReader) -> dict[str, int]:
+    """gym.sandbox.creations collected now, by outcome."""
+    counted: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data is not None else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name != "gym.sandbox.creations":
+                    continue
+                for point in metric.data.data_points:
+                    outcome = str((point.attributes or {})["nemo.gym.sandbox.outcome"])
+                    counted[outcome] = counted.get(outcome, 0) + int(point.value)  # type: ignore[union-attr]
+    return counted
 
 
 # --- through NeMo Gym's create_provider while instrumented ------------------------------------

@@ -66,6 +66,15 @@ CAPABILITY_SPANS = {
     "attach_pty": "sandbox.pty.attach",
     "serialize_handle": "sandbox.serialize",
 }
+# Every provider method that takes a handle first and is traced by ``traced_call``, and the
+# span each call is: the lifecycle's, then the optional capabilities. Both the
+# ``traced_provider`` wrapper and the auto-traced classes trace exactly these.
+HANDLE_SPANS = {
+    "exec": "sandbox.exec",
+    "upload_file": "sandbox.upload",
+    "download_file": "sandbox.download",
+    **CAPABILITY_SPANS,
+}
 CONNECT_SPAN = "sandbox.connect"
 
 # How long close() lets the final sample run before it calls the provider's close anyway: the
@@ -103,13 +112,32 @@ def sandbox_identity(handle: SandboxHandle) -> dict[str, Attribute]:
     this process (under the current state, or the default one); ``provider`` and ``id``
     alone for any other handle (a borrowed one, say).
     """
+    return _identity_under(handle, None)
+
+
+def _identity_under(handle: SandboxHandle, state: SandboxState | None) -> dict[str, Attribute]:
+    """``sandbox_identity``, asking ``state`` first when given (a wrapper's explicit state
+    need not be the current one)."""
     key = sandbox_key(handle)
-    state = current_state()
-    for candidate in (state, default_state()):
+    for candidate in _states_to_ask(state):
         entry = candidate.registry.get(key)
         if entry is not None and entry.identity is not None:
             return dict(entry.identity)
     return {PROVIDER: key[0], SANDBOX_ID: key[1]}
+
+
+def _states_to_ask(first: SandboxState | None) -> Iterator[SandboxState]:
+    """``first`` when given, then the current state, then the default one, each once. Each is
+    looked up only when the one before did not know the handle: the default state is made on
+    first use."""
+    if first is not None:
+        yield first
+    current = current_state()
+    if current is not first:
+        yield current
+    default = default_state()
+    if default is not first and default is not current:
+        yield default
 
 
 @contextmanager
@@ -125,13 +153,10 @@ def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
 
 
 def _identity_or_empty(state: SandboxState, handle: Any) -> dict[str, Attribute]:
-    """``handle``'s identity as ``state`` knows it (a wrapper's explicit state need not be the
-    current one), else as ``sandbox_identity`` finds it."""
+    """``handle``'s identity as ``state`` knows it, else as ``sandbox_identity`` finds it;
+    empty for a handle we cannot read."""
     try:
-        entry = state.registry.get(sandbox_key(handle))
-        if entry is not None and entry.identity is not None:
-            return dict(entry.identity)
-        return sandbox_identity(handle)
+        return _identity_under(handle, state)
     except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
         log_failure("reading a sandbox handle", exc)
         return {}
@@ -185,19 +210,14 @@ async def traced_create(
     except Exception as exc:  # noqa: BLE001 - a spec we cannot describe still gets an identity
         log_failure("describing a sandbox spec", exc, name)
         attributes = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    token = _TRACING.set(id(provider))
     try:
-        with _span(state, "sandbox.create", attributes) as span:
-            handle = await call()
-            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+        handle = await _traced_handle_source(state, provider, "sandbox.create", attributes, call)
     except Exception as exc:
         _count_creation(state, name, exc)
         raise  # the provider's own exception object, unchanged
-    finally:
-        _TRACING.reset(token)
     _count_creation(state, name, None)
-    # Outside the create span: the records belong to the caller's context, and the guard above
-    # is reset so the tasks started here do not inherit it.
+    # Outside the create span: the records belong to the caller's context, and the guard
+    # _traced_handle_source set is reset so the tasks started here do not inherit it.
     _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
     return handle
 
@@ -216,15 +236,30 @@ async def traced_connect(
         return await call()
     name = provider_name(provider)
     attributes: dict[str, Attribute] = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    token = _TRACING.set(id(provider))
-    try:
-        with _span(state, CONNECT_SPAN, attributes) as span:
-            handle = await call()
-            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
-    finally:
-        _TRACING.reset(token)
+    handle = await _traced_handle_source(state, provider, CONNECT_SPAN, attributes, call)
     _start_resource_records(state, provider, handle, attributes, None)
     return handle
+
+
+async def _traced_handle_source(
+    state: SandboxState,
+    provider: object,
+    span_name: str,
+    attributes: Mapping[str, Attribute],
+    call: Callable[[], Awaitable[_T]],
+) -> _T:
+    """Run ``call`` (a provider call that gives a handle: create, connect) inside a span
+    named ``span_name`` with ``attributes`` and the handle's id, with nested calls into
+    ``provider`` passing straight through. The guard is reset on return, so the records the
+    caller starts next do not inherit it."""
+    token = _TRACING.set(id(provider))
+    try:
+        with _span(state, span_name, attributes) as span:
+            handle = await call()
+            span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+            return handle
+    finally:
+        _TRACING.reset(token)
 
 
 def _count_creation(state: SandboxState, provider: str, error: Exception | None) -> None:
@@ -312,6 +347,11 @@ def describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
     if error_type:
         described[EXEC_ERROR_TYPE] = str(error_type)
     return described
+
+
+# What the span of a ``HANDLE_SPANS`` method records about its result; the others record
+# nothing of it.
+RESULT_DESCRIPTIONS: dict[str, Callable[[Any], dict[str, Attribute]]] = {"exec": describe_exec}
 
 
 def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asyncio.Task[Any]]:

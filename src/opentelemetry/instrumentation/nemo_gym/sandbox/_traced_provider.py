@@ -23,12 +23,12 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
-    CAPABILITY_SPANS,
-    describe_exec,
+    HANDLE_SPANS,
+    RESULT_DESCRIPTIONS,
     provider_name,
     traced_aclose,
     traced_call,
@@ -39,7 +39,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import SandboxState, current_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
-    SandboxExecResult,
     SandboxHandle,
     SandboxSpec,
 )
@@ -100,47 +99,6 @@ async def _create(self: TracedSandboxProvider, spec: SandboxSpec) -> SandboxHand
     return result
 
 
-async def _exec(
-    self: TracedSandboxProvider, handle: SandboxHandle, command: str, **kwargs: Any
-) -> SandboxExecResult:
-    p = self.wrapped
-    result: SandboxExecResult = await traced_call(
-        self.state,
-        p,
-        "sandbox.exec",
-        handle,
-        lambda: p.exec(handle, command, **kwargs),
-        describe_exec,
-    )
-    return result
-
-
-async def _upload_file(
-    self: TracedSandboxProvider, handle: SandboxHandle, source_path: Path, target_path: str
-) -> None:
-    p = self.wrapped
-    await traced_call(
-        self.state,
-        p,
-        "sandbox.upload",
-        handle,
-        lambda: p.upload_file(handle, source_path, target_path),
-    )
-
-
-async def _download_file(
-    self: TracedSandboxProvider, handle: SandboxHandle, source_path: str, target_path: Path
-) -> None:
-    p = self.wrapped
-    await traced_call(
-        self.state,
-        p,
-        "sandbox.download",
-        handle,
-        lambda: p.download_file(handle, source_path, target_path),
-    )
-
-
 async def _close(self: TracedSandboxProvider, handle: SandboxHandle) -> None:
     p = self.wrapped
     await traced_close(self.state, p, handle, lambda: p.close(handle))
@@ -156,33 +114,40 @@ async def _connect(self: TracedSandboxProvider, descriptor: Any, *args: Any, **k
     return await traced_connect(self.state, p, lambda: p.connect(descriptor, *args, **kwargs))
 
 
-def _capability(method: str, span_name: str) -> Callable[..., Any]:
-    """A traced call of the handle-first capability ``method``, arguments passed as given."""
+def _handle_call(
+    method: str, span_name: str, describe: Callable[[Any], dict[str, Attribute]] | None = None
+) -> Callable[..., Any]:
+    """A traced call of the handle-first provider ``method``, arguments passed as given;
+    ``describe`` says what its span records about the result."""
 
     async def call(self: TracedSandboxProvider, handle: Any, *args: Any, **kwargs: Any) -> Any:
         p = self.wrapped
         bound = getattr(p, method)
         return await traced_call(
-            self.state, p, span_name, handle, lambda: bound(handle, *args, **kwargs)
+            self.state, p, span_name, handle, lambda: bound(handle, *args, **kwargs), describe
         )
 
     call.__name__ = call.__qualname__ = method
     return call
 
 
-_TRACED_MEMBERS: dict[str, Callable[..., Any]] = {
+_LIFECYCLE_MEMBERS: dict[str, Callable[..., Any]] = {
     "create": _create,
-    "exec": _exec,
-    "upload_file": _upload_file,
-    "download_file": _download_file,
     "close": _close,
     "aclose": _aclose,
     "connect": _connect,
-    **{method: _capability(method, span) for method, span in CAPABILITY_SPANS.items()},
 }
-for _member_name, _member in _TRACED_MEMBERS.items():
+for _member_name, _member in _LIFECYCLE_MEMBERS.items():
     _member.__name__ = _member.__qualname__ = _member_name
 del _member_name, _member
+
+_TRACED_MEMBERS: dict[str, Callable[..., Any]] = {
+    **_LIFECYCLE_MEMBERS,
+    **{
+        method: _handle_call(method, span, RESULT_DESCRIPTIONS.get(method))
+        for method, span in HANDLE_SPANS.items()
+    },
+}
 
 # Names the wrapper itself defines or uses: never replaced by a forwarding property.
 _OWN = frozenset(vars(TracedSandboxProvider)) | {"wrapped", "_state"}

@@ -41,9 +41,9 @@ from opentelemetry import metrics, trace
 
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
-    CAPABILITY_SPANS,
     FINAL_SAMPLE_GRACE_S,
-    describe_exec,
+    HANDLE_SPANS,
+    RESULT_DESCRIPTIONS,
     sandbox_identity,
     sandbox_scope,
     traced_aclose,
@@ -140,32 +140,16 @@ def _class_wrapper(state: SandboxState, method: str) -> Callable[..., Awaitable[
         if method == "connect":
             return traced_connect(state, instance, call)
         handle = _argument(args, kwargs, 0, "handle")
-        if method == "exec":
-            return traced_call(state, instance, "sandbox.exec", handle, call, describe_exec)
         if method == "close":
             return traced_close(state, instance, handle, call)
-        return traced_call(state, instance, _HANDLE_SPANS[method], handle, call)
+        describe = RESULT_DESCRIPTIONS.get(method)
+        return traced_call(state, instance, HANDLE_SPANS[method], handle, call, describe)
 
     return wrapper
 
 
-_HANDLE_SPANS = {
-    "upload_file": "sandbox.upload",
-    "download_file": "sandbox.download",
-    **CAPABILITY_SPANS,
-}
-
-# The lifecycle, then the optional capabilities (traced where the class has them).
-_TRACED_METHODS = (
-    "create",
-    "exec",
-    "upload_file",
-    "download_file",
-    "close",
-    "aclose",
-    "connect",
-    *CAPABILITY_SPANS,
-)
+# The methods traced where the class has them: those the wrapper traces too.
+_TRACED_METHODS = ("create", "close", "aclose", "connect", *HANDLE_SPANS)
 
 # The bundled providers, by import path: a module that is missing or fails to import (the
 # Docker provider's optional pieces, say) is skipped rather than breaking the instrumentor.
