@@ -2,17 +2,26 @@
 
 A client that meets ever-new destinations (sandboxes expose endpoints on their own ports)
 must not grow the series of one process without end. The budget is the SDK's cardinality
-limit applied by us, per instrument family: the first ``limit`` destinations get their own
-series, the rest share one series marked ``otel.metric.overflow=true`` (the attribute the
-OpenTelemetry specification gives the SDK's overflow series), and destinations that are gone
-are forgotten when a new destination needs their place.
+limit applied by us, per instrument family: at most ``limit`` destinations have series of
+their own at a time, the rest share one series marked ``otel.metric.overflow=true`` (the
+attribute the OpenTelemetry specification gives the SDK's overflow series), and destinations
+that are gone give their places to new ones.
 
-Gone means: at a collection, the destination's connection count has not grown since the
-previous collection and no connection to it is open. While the budget has room nothing is
-forgotten (a closed pool's counts stay, as before). When it is full, a new destination takes
-the place of the longest-admitted gone one, whose own series then ends; a later connection to
-it starts it again from 1 (Prometheus reads that as a counter reset). Counts of a destination
-that went to the overflow series stay in it, so every series stays monotonic.
+``connections_created`` stays exact under any churn: every collection takes only the new
+connections of each destination (its running total minus the part already counted) and adds
+them to exactly one series, the destination's own or the overflow. No series ever decreases,
+so a reader's sum of increases is the number of connections made.
+
+Gone means: at a collection, the destination had no new connection since the previous
+collection and none is open to it. While the budget has room nothing is evicted. When it is
+full, a new destination with connections takes the place of the longest-admitted gone one,
+whose series then ends (it is no longer observed). A destination that comes back and gets a
+place again continues its series from the value it ended with, rather than restarting it: the
+SDK keeps one start time per attribute set for the provider's life, so a restarted series
+would carry its old start time, a reader could not tell the restart from growth whenever the
+new count reached the old one, and a delta-temporality reader would get a negative delta. The
+cost is one number per destination whose series ended, beside the series state the SDK itself
+keeps for every attribute set it has seen.
 
 Pure computation: the caller passes what it read; no locks, no I/O, no OpenTelemetry calls.
 """
@@ -38,83 +47,69 @@ class CreatedReport:
 
 
 class DestinationBudget:
-    """Admits destinations to series of their own, at most ``limit`` at a time."""
+    """Admits destinations to series of their own, at most ``limit`` at a time.
+
+    Used from collection only (the caller serialises calls); never on a request's path.
+    """
 
     def __init__(self, limit: int = DEFAULT_MAX_DESTINATIONS) -> None:
         if type(limit) is not int or limit < 1:
             raise ValueError(f"max_destinations={limit!r} must be an integer >= 1")
         self.limit = limit
-        # Insertion-ordered: admitted destinations, with the count last reported for each.
-        self._admitted: dict[Destination, int] = {}
-        # Destinations whose counts go to the overflow series, with the count last added.
-        self._overflowed: dict[Destination, int] = {}
-        self._overflow_total = 0
-        self._overflow_seen = False
-        # Counts already forgotten, subtracted from the running totals the caller passes.
-        self._baseline: dict[Destination, int] = {}
+        # Per destination, how much of the caller's running total is already in some series.
+        # Raised only by growth, lowered only by ``dropped``: a total that reads lower for one
+        # collection (a connector retired between two reads) is not taken for a restart.
+        self._counted: dict[Destination, int] = {}
+        # Admitted destinations, oldest admission first, with the value of their series.
+        self._series: dict[Destination, int] = {}
+        # Destinations whose series ended, with its last value: a readmitted one continues it.
+        self._ended: dict[Destination, int] = {}
+        self._overflow: int | None = None
 
     def created(
         self, totals: Mapping[Destination, int], busy: Iterable[Destination]
     ) -> CreatedReport:
         """``connections_created`` for one collection.
 
-        ``totals`` are the running connection counts per destination (they only grow while a
-        destination is known); ``busy`` the destinations with a connection open now.
+        ``totals`` are the running connection counts per destination (they only grow, but
+        for what the caller gives up through ``dropped``); ``busy`` the destinations with a
+        connection open now.
         """
+        new: dict[Destination, int] = {}
+        for where, total in totals.items():
+            counted = self._counted.get(where, 0)
+            if total > counted:
+                new[where] = total - counted
+                self._counted[where] = total
         busy_now = set(busy)
-        # Forgotten destinations that no connector remembers need no baseline any more.
-        for where in [w for w in self._baseline if w not in totals]:
-            del self._baseline[where]
-        values = {where: totals[where] - self._baseline.get(where, 0) for where in sorted(totals)}
-        # Idle: no new connection since the last collection and none open now.
-        idle = [
-            where
-            for where, previous in self._admitted.items()
-            if values.get(where, 0) == previous and where not in busy_now
-        ]
-        for where, value in values.items():
-            if value <= 0 or where in self._admitted:
+        gone = iter([w for w in self._series if w not in new and w not in busy_now])
+        for where in sorted(new):
+            count = new[where]
+            if where in self._series:
+                self._series[where] += count
                 continue
-            if where in self._overflowed:
-                previous = self._overflowed[where]
-                self._overflow_total += value - previous
-                if value == previous and where not in busy_now:
-                    # Its count stays in the overflow series; it needs no tracking.
-                    self._forget(where, totals[where])
-                    del self._overflowed[where]
-                else:
-                    self._overflowed[where] = value
-                continue
-            if len(self._admitted) >= self.limit and idle:
-                # A gone destination gives its place to a new one; its own series ends.
-                gone = idle.pop(0)
-                self._forget(gone, totals.get(gone, 0))
-                del self._admitted[gone]
-            if len(self._admitted) < self.limit:
-                self._admitted[where] = value
+            if len(self._series) >= self.limit:
+                # A gone destination gives its place to this one; its series ends.
+                evicted = next(gone, None)
+                if evicted is not None:
+                    self._ended[evicted] = self._series.pop(evicted)
+            if len(self._series) < self.limit:
+                self._series[where] = self._ended.pop(where, 0) + count
             else:
-                self._overflowed[where] = value
-                self._overflow_total += value
-                self._overflow_seen = True
-        own: dict[Destination, int] = {}
-        for where in self._admitted:
-            own[where] = self._admitted[where] = values.get(where, self._admitted[where])
-        return CreatedReport(own, self._overflow_total if self._overflow_seen else None)
+                self._overflow = (self._overflow or 0) + count
+        return CreatedReport(dict(self._series), self._overflow)
 
     def tracks(self, where: Destination) -> bool:
-        """Whether ``where`` still has a series (its own or a share of the overflow)."""
-        return where in self._admitted or where in self._overflowed
+        """Whether ``where`` has a series of its own now."""
+        return where in self._series
 
     def dropped(self, where: Destination, amount: int) -> None:
-        """The caller dropped ``amount`` of a forgotten destination's running total."""
-        left = self._baseline.get(where, 0) - amount
+        """The caller dropped ``amount``, already passed to ``created``, from ``where``'s total."""
+        left = self._counted.get(where, 0) - amount
         if left > 0:
-            self._baseline[where] = left
+            self._counted[where] = left
         else:
-            self._baseline.pop(where, None)
-
-    def _forget(self, where: Destination, total: int) -> None:
-        self._baseline[where] = total
+            self._counted.pop(where, None)
 
     def split(self, counts: Mapping[Destination, int]) -> tuple[dict[Destination, int], int | None]:
         """Per-destination gauge values within the budget, and the rest summed (None: no rest).
@@ -123,8 +118,8 @@ class DestinationBudget:
         """
         own: dict[Destination, int] = {}
         rest: int | None = None
-        ordered = [w for w in sorted(counts) if w in self._admitted]
-        ordered += [w for w in sorted(counts) if w not in self._admitted]
+        ordered = [w for w in sorted(counts) if w in self._series]
+        ordered += [w for w in sorted(counts) if w not in self._series]
         for where in ordered:
             if len(own) < self.limit:
                 own[where] = counts[where]

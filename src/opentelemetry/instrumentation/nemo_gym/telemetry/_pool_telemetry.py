@@ -389,8 +389,12 @@ class PoolTelemetry:
     def created_counts(self) -> dict[Destination, int]:
         """New TCP connections per destination so far, live and collected connectors together."""
         with self._collect_lock:
-            self._fold_retired()
-            total = dict(self._folded_created)
+            return self._created_totals()
+
+    def _created_totals(self) -> dict[Destination, int]:
+        # Under _collect_lock.
+        self._fold_retired()
+        total = dict(self._folded_created)
         for connector in self._live():
             counts = getattr(connector, "_nemo_gym_counts", None)
             if counts is not None:
@@ -427,15 +431,17 @@ class PoolTelemetry:
         return self._observe("observing connections created", self._created_observations)
 
     def _created_observations(self) -> Iterator[Observation]:
-        totals = self.created_counts()
         busy: set[Destination] = set()
         for state in self.pool_states():
             busy.update(where for where, count in state.active.items() if count)
             busy.update(where for where, count in state.idle.items() if count)
-        report = self._destinations.created(totals, busy)
+        # One hold from reading the totals to dropping counts: a fold in between (another
+        # reader collecting) would drop counts the budget has not yet taken.
         with self._collect_lock:
-            # Counts of collected connectors to a destination that is forgotten go too, so a
-            # client that met 10,000 destinations does not keep 10,000 totals.
+            report = self._destinations.created(self._created_totals(), busy)
+            # Counts of collected connectors to a destination without a series of its own are
+            # in some series already and go, so a client that met 10,000 destinations does
+            # not keep 10,000 totals.
             for where in [w for w in self._folded_created if not self._destinations.tracks(w)]:
                 self._destinations.dropped(where, self._folded_created.pop(where))
         for where, count in report.own.items():
