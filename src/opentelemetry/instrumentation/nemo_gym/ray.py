@@ -125,7 +125,7 @@ def runtime_env(
     merged: dict[str, Any] = dict(base or {})
     hook = merged.get(_HOOK_FIELD)
     if hook is not None and not _is_our_hook(hook):
-        raise ValueError(_hook_conflict("base", _HOOK_FIELD, hook, "Ray's field for it"))
+        raise ValueError(_hook_conflict("base", _HOOK_FIELD, hook, "Ray's setup-hook field"))
     variables: dict[str, str] = {}
     if inherit_environment:
         variables.update(_inherited(os.environ, credentials=inherit_credentials))
@@ -197,6 +197,46 @@ def _inherited(environ: Mapping[str, str], *, credentials: bool) -> dict[str, st
     return {name: value for name, value in variables.items() if name not in withheld}
 
 
+def flush(timeout_millis: int = 5000) -> bool:
+    """Export what this process has recorded now; call it at the end of a task that matters.
+
+    Ray ends a job's workers without running their ``atexit`` handlers, so what a worker
+    recorded after its last periodic export (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default)
+    is lost when its job ends. Blocks for at most about ``timeout_millis`` per provider;
+    returns whether every flush succeeded; never raises.
+    """
+    from opentelemetry import metrics, trace  # imported only where a flush is asked for
+
+    succeeded = True
+    for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
+        force_flush = getattr(provider, "force_flush", None)
+        if force_flush is None:
+            continue
+        try:
+            succeeded = bool(force_flush(timeout_millis)) and succeeded
+        except Exception:
+            logger.exception("nemo_gym: flushing %s failed", type(provider).__name__)
+            succeeded = False
+    return succeeded
+
+
+def _setup_hook_variable() -> str:
+    """Ray's name for the variable holding the setup hook (the same since Ray 2.7)."""
+    try:
+        from ray._private import ray_constants  # the driver has Ray; a worker reads the same
+    except ImportError:
+        return _SETUP_HOOK_VARIABLE
+    name = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", _SETUP_HOOK_VARIABLE)
+    return name if isinstance(name, str) and name else _SETUP_HOOK_VARIABLE
+
+
+def _with_our_detector(configured: str) -> str:
+    names = [name.strip() for name in configured.split(",") if name.strip()]
+    if _OUR_DETECTOR in names or "*" in names:
+        return ",".join(names)
+    return ",".join([*names, _OUR_DETECTOR])
+
+
 def _is_credential(name: str, value: str) -> bool:
     """Whether ``name=value`` holds a secret that must not travel in a runtime_env."""
     if _URL_USER_INFO.search(value):
@@ -242,46 +282,6 @@ def _hook_conflict(source: str, name: str, hook: object, what: str) -> str:
         f"your own; Ray runs one per worker and runtime_env() installs its own: call "
         f"{SETUP_HOOK}() from yours instead"
     )
-
-
-def flush(timeout_millis: int = 5000) -> bool:
-    """Export what this process has recorded now; call it at the end of a task that matters.
-
-    Ray ends a job's workers without running their ``atexit`` handlers, so what a worker
-    recorded after its last periodic export (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default)
-    is lost when its job ends. Blocks for at most about ``timeout_millis`` per provider;
-    returns whether every flush succeeded; never raises.
-    """
-    from opentelemetry import metrics, trace  # imported only where a flush is asked for
-
-    succeeded = True
-    for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
-        force_flush = getattr(provider, "force_flush", None)
-        if force_flush is None:
-            continue
-        try:
-            succeeded = bool(force_flush(timeout_millis)) and succeeded
-        except Exception:
-            logger.exception("nemo_gym: flushing %s failed", type(provider).__name__)
-            succeeded = False
-    return succeeded
-
-
-def _setup_hook_variable() -> str:
-    """Ray's name for the variable holding the setup hook (the same since Ray 2.7)."""
-    try:
-        from ray._private import ray_constants  # the driver has Ray; a worker reads the same
-    except ImportError:
-        return _SETUP_HOOK_VARIABLE
-    name = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", _SETUP_HOOK_VARIABLE)
-    return name if isinstance(name, str) and name else _SETUP_HOOK_VARIABLE
-
-
-def _with_our_detector(configured: str) -> str:
-    names = [name.strip() for name in configured.split(",") if name.strip()]
-    if _OUR_DETECTOR in names or "*" in names:
-        return ",".join(names)
-    return ",".join([*names, _OUR_DETECTOR])
 
 
 def _sdk_configured() -> bool:
