@@ -373,3 +373,34 @@ def test_opentelemetry_instrument_ray_system_process_left_plain(tmp_path: Path) 
     assert ours["connector"] == "QueueTimedTCPConnector"
     assert ray_agent["connector"] == "TCPConnector"
     assert ray_agent["resource"]["service.name"] == "ray.dashboard_agent"
+
+
+def test_detector_long_server_name_cut_in_warning(
+    detector_warnings: pytest.LogCaptureFixture,
+) -> None:
+    """A 5,000-character ``NEMO_GYM_CONFIG_PATH`` is quoted in the warning by 64 characters."""
+    name = "s" * 5000
+    process_attributes({"NEMO_GYM_CONFIG_PATH": name}, ["app.py"], [])
+    (record,) = detector_warnings.records
+    assert record.getMessage() == (
+        f"nemo_gym resource detector: NEMO_GYM_CONFIG_PATH names the NeMo Gym server "
+        f"{'s' * 64!r}... (5000 characters) but NEMO_GYM_CONFIG_DICT is unset: its type and "
+        "implementation are not known"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv_tail",
+    [
+        ["--node-id", f"--redis-password={SECRET}"],
+        ["--node-id", "--redis-password", SECRET],
+        ["--worker-id", "-x", "--session-name"],
+    ],
+    ids=["flag-with-value", "flag-then-value", "short-flag-and-last"],
+)
+def test_detector_ray_flag_without_value_takes_no_other_flag(argv_tail: list[str]) -> None:
+    """``--node-id`` followed by another flag has no value: the next flag is never taken."""
+    argv = [f"{RAY}/_private/workers/default_worker.py", *argv_tail]
+    attributes = ray_process_attributes(argv)
+    assert attributes == {"service.name": "ray.worker", "ray.component": "worker"}
+    assert SECRET not in json.dumps(attributes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_trace_globals
 
+from opentelemetry.instrumentation.nemo_gym.sandbox import _state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxResourceAmounts,
@@ -451,3 +453,48 @@ def test_sampling_interval_positive_with_exporter(
     assert sampling_interval() == 2.5
     monkeypatch.delenv(INTERVAL_VARIABLE)
     assert sampling_interval() == 10.0
+
+
+@pytest.fixture
+def state_warnings(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The log as a fresh process sees it: the state's once-only memo forgotten around it."""
+    _state._ENVIRONMENT.reset()
+    yield caplog
+    _state._ENVIRONMENT.reset()
+
+
+def _warnings_of_state(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == _state.__name__ and r.levelno == logging.WARNING
+    ]
+
+
+def test_sampling_interval_below_floor_raised_without_instrumentor(
+    global_tracer_provider: TracerProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    state_warnings: pytest.LogCaptureFixture,
+) -> None:
+    """Without an instrumentor, an interval of 1e-9 s from the environment samples every 0.1 s."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "1e-9")
+    assert sampling_interval() == 0.1
+    assert sampling_interval() == 0.1
+    assert _warnings_of_state(state_warnings) == [
+        "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL='1e-9' is below the floor of 0.1 s; "
+        "sampling every 0.1 s"
+    ]
+
+
+def test_sampling_interval_long_bad_value_cut_in_warning(
+    global_tracer_provider: TracerProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    state_warnings: pytest.LogCaptureFixture,
+) -> None:
+    """A 5,000-character bad interval is quoted by its first 64 characters and its length."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "x" * 5000)
+    assert sampling_interval() == 10.0
+    assert _warnings_of_state(state_warnings) == [
+        f"OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL={'x' * 64!r}... (5000 characters) "
+        "is not a finite number >= 0; using the default 10.0"
+    ]

@@ -105,3 +105,72 @@ def test_instrument_warns_bad_interval_without_any_sandbox(
         "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL='ten' is not a finite number >= 0.0; "
         "using the default 10.0"
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "level"),
+    [
+        ("critical", logging.CRITICAL),
+        ("WARN", logging.WARNING),
+        ("Fatal", logging.CRITICAL),
+        (" Warning ", logging.WARNING),
+        ("DEBUG", logging.DEBUG),
+        ("error", logging.ERROR),
+    ],
+)
+def test_log_level_standard_names_any_case(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str, level: int
+) -> None:
+    """Every level name Python's logging takes (WARN, FATAL included) is accepted in any case."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_LOG_LEVEL, raw)
+    assert _settings.log_level() == level
+    assert _warnings(caplog) == []
+
+
+def test_log_level_bad_value_names_variable_value_and_levels(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A value that is no level: one warning with the variable, the value and every level."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_LOG_LEVEL, "loud")
+    assert _settings.log_level() is None
+    assert _warnings(caplog) == [
+        "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL='loud' is not a log level (debug, info, warning, warn, "
+        "error, critical, fatal; any case); treating it as unset: the application's logging "
+        "configuration decides"
+    ]
+
+
+@pytest.mark.parametrize("raw", ["1e-9", "0.0999", "5e-324"])
+def test_sandbox_resource_interval_below_floor_raised_with_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    """A positive interval under 0.1 s becomes 0.1 s, with one warning naming the floor."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL, raw)
+    assert _settings.sandbox_resource_interval() == 0.1
+    _settings.validate_all()
+    assert _warnings(caplog) == [
+        f"OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL={raw!r} is below the floor of 0.1 s; "
+        "sampling every 0.1 s"
+    ]
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("0", 0.0), ("0.1", 0.1), ("2.5", 2.5)])
+def test_sandbox_resource_interval_at_or_above_floor_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str, seconds: float
+) -> None:
+    """Zero (off), the floor itself and longer intervals are taken as given, silently."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL, raw)
+    assert _settings.sandbox_resource_interval() == seconds
+    assert _warnings(caplog) == []
+
+
+def test_warning_long_value_cut_with_its_length(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 5,000-digit value is quoted by its first 64 characters and its full length."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_WORKERS, "9" * 5000)
+    assert _settings.workers() == 1
+    assert _warnings(caplog) == [
+        f"OTEL_PYTHON_NEMO_GYM_WORKERS={'9' * 64!r}... (5000 characters) is not an integer "
+        ">= 1; using the default 1"
+    ]

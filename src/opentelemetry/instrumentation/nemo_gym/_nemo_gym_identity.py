@@ -33,6 +33,8 @@ from typing import Final
 
 from opentelemetry.util.types import AttributeValue
 
+from opentelemetry.instrumentation.nemo_gym._once import shown_value
+
 CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"
 FASTAPI_WORKER_VARIABLE: Final = "IS_NEMO_GYM_FASTAPI_WORKER"
@@ -72,16 +74,16 @@ def nemo_gym_server_attributes(environ: Mapping[str, str], warn: Warn) -> dict[s
     config = environ.get(CONFIG_DICT_VARIABLE)
     if not config:
         warn(
-            f"{CONFIG_PATH_VARIABLE} names the NeMo Gym server {name!r} but "
+            f"{CONFIG_PATH_VARIABLE} names the NeMo Gym server {shown_value(name)} but "
             f"{CONFIG_DICT_VARIABLE} is unset: its type and implementation are not known"
         )
         return attributes
     block = server_block(config, name)
     if block is None:
         warn(
-            f"{CONFIG_DICT_VARIABLE} has no server block {name!r} (from {CONFIG_PATH_VARIABLE}) "
-            "of the form <name>: <type>: <implementation>: ...; its type and implementation "
-            "are not known"
+            f"{CONFIG_DICT_VARIABLE} has no server block {shown_value(name)} "
+            f"(from {CONFIG_PATH_VARIABLE}) of the form <name>: <type>: <implementation>: ...; "
+            "its type and implementation are not known"
         )
         return attributes
     server_type, implementation, num_workers = block

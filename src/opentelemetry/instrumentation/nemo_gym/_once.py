@@ -6,6 +6,10 @@ logged; later occurrences are dropped, or logged at debug level where the repeat
 keeping for someone who turns debug on.
 
 Thread-safe: the event loop and an exporter's thread may log through the same instance.
+
+``shown_value`` is how a configured value (an environment variable's, above all) appears in
+such a line or in an error: the sandbox core logs through this module but may not import the
+settings, so the one helper lives here, beside the one way of logging.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Hashable
+from typing import Final
+
+MAX_SHOWN_CHARS: Final = 64
+"""The most characters of a value that a log line or an error quotes."""
 
 
 class OnceLog:
@@ -48,3 +56,18 @@ class OnceLog:
         """Forget every key (for tests)."""
         with self._lock:
             self._seen.clear()
+
+
+def shown_value(value: object) -> str:
+    """``value`` for a log line or an error: its ``repr``, cut to ``MAX_SHOWN_CHARS`` characters.
+
+    An environment variable can hold anything, 5,000 digits or a pasted file; the warning
+    about it must stay one readable line. A cut value is followed by its full length, so the
+    reader knows it was cut and by how much. A string is cut before quoting, so the quotes
+    stay balanced.
+    """
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return repr(value)
+    cut = repr(text[:MAX_SHOWN_CHARS]) if isinstance(value, str) else text[:MAX_SHOWN_CHARS]
+    return f"{cut}... ({len(text)} characters)"

@@ -90,12 +90,17 @@ def _component_of(argv: Sequence[str]) -> str | None:
 
 
 def _argument(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` given as ``--flag=value`` or ``--flag value``; the last wins."""
+    """The value of ``flag`` given as ``--flag=value`` or ``--flag value``; the last wins.
+
+    ``--flag`` followed by another flag has no value: the next token is never taken when it
+    starts with ``-`` (Ray's ids and session names never do), so ``--node-id
+    --redis-password=X`` cannot put the password into ``ray.node.id``.
+    """
     found: str | None = None
     prefix = flag + "="
     for index, argument in enumerate(argv):
         if argument.startswith(prefix):
             found = argument[len(prefix) :]
-        elif argument == flag and index + 1 < len(argv):
+        elif argument == flag and index + 1 < len(argv) and not argv[index + 1].startswith("-"):
             found = argv[index + 1]
     return found

@@ -11,7 +11,11 @@ import logging
 import os
 
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
+    DEFAULT_INTERVAL_S,
+    MIN_INTERVAL_S,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
     DEFAULT_MAX_DESTINATIONS,
 )
@@ -24,13 +28,23 @@ _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 
 
-def _warn_once(name: str, raw: str, expected: str, default: object) -> None:
-    # A default of None means "not configured": the check it feeds is skipped, which is what
-    # the user needs to read, not Python's spelling of it.
+def _warn_once(
+    name: str, raw: str, expected: str, default: object, *, unset: str = "no check"
+) -> None:
+    # A default of None means "not configured": say what that leaves in place (``unset``),
+    # which is what the user needs to read, not Python's spelling of it.
     fallback = (
-        "treating it as unset: no check" if default is None else f"using the default {default!r}"
+        f"treating it as unset: {unset}" if default is None else f"using the default {default!r}"
     )
-    _ONCE((name, raw), logging.WARNING, "%s=%r is not %s; %s", name, raw, expected, fallback)
+    _ONCE(
+        (name, raw),
+        logging.WARNING,
+        "%s=%s is not %s; %s",
+        name,
+        shown_value(raw),
+        expected,
+        fallback,
+    )
 
 
 def parse_bool(raw: str) -> bool | None:
@@ -115,8 +129,25 @@ def sandbox_resources_enabled() -> bool:
 
 
 def sandbox_resource_interval() -> float:
-    """Seconds between usage samples; 0 turns periodic sampling off."""
-    return read_float(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL, 10.0, minimum=0.0)
+    """Seconds between usage samples; 0 turns periodic sampling off.
+
+    A positive value below ``MIN_INTERVAL_S`` is raised to it, with one warning: sampling
+    is a provider call and a span per sandbox, and a tiny interval turns it into a busy loop.
+    """
+    name = env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL
+    value = read_float(name, DEFAULT_INTERVAL_S, minimum=0.0)
+    if 0 < value < MIN_INTERVAL_S:
+        _ONCE(
+            (name, os.environ.get(name), "floor"),
+            logging.WARNING,
+            "%s=%s is below the floor of %g s; sampling every %g s",
+            name,
+            shown_value(os.environ.get(name, "")),
+            MIN_INTERVAL_S,
+            MIN_INTERVAL_S,
+        )
+        return MIN_INTERVAL_S
+    return value
 
 
 def workers() -> int:
@@ -142,8 +173,17 @@ def max_destinations() -> int:
     return DEFAULT_MAX_DESTINATIONS if value is None else value
 
 
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
-_LOG_LEVELS["error"] = logging.ERROR
+# The names Python's logging takes for a level, WARN and FATAL included (NOTSET is no level
+# to print at). Matched in any case.
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
 
 
 def log_level() -> int | None:
@@ -154,7 +194,13 @@ def log_level() -> int | None:
         return None
     level = _LOG_LEVELS.get(raw.strip().lower())
     if level is None:
-        _warn_once(name, raw, "one of debug, info, warning, error", None)
+        _warn_once(
+            name,
+            raw,
+            f"a log level ({', '.join(_LOG_LEVELS)}; any case)",
+            None,
+            unset="the application's logging configuration decides",
+        )
     return level
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+from opentelemetry.instrumentation.nemo_gym._once import shown_value
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 
 logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
@@ -35,7 +36,7 @@ def _switched_off(kwargs: Mapping[str, Any], argument: str, variable: str) -> st
         if argument == "connection_pool"
         else _settings.sandbox_resources_enabled()
     )
-    return None if enabled else f"{variable}={os.environ.get(variable, '')!r}"
+    return None if enabled else f"{variable}={shown_value(os.environ.get(variable, ''))}"
 
 
 def _connection_pool_status(kwargs: Mapping[str, Any]) -> str:

@@ -6,7 +6,8 @@ case (``OTEL_PYTHON_NEMO_GYM_WORKERS`` is ``--nemo_gym_workers``). It builds tho
 the names alone, so its ``--help`` shows no description for them (nor for any other
 instrumentation's); the descriptions are here and in the README. Every variable is checked
 when ``instrument()`` runs: a value that cannot be parsed is reported once, with the variable
-and the value, and the default is used instead; configuration never stops an application.
+and the value (its first 64 characters and its length, when longer), and the default is used
+instead; configuration never stops an application.
 """
 
 OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL = "OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL"
@@ -32,7 +33,10 @@ OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL = "OTEL_PYTHON_NEMO_GYM_SANDBOX_R
 .. envvar:: OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL
 
 Seconds between resource usage samples of a running sandbox. Default 10; ``0`` turns periodic
-sampling off (the allocation and the final sample are still recorded).
+sampling off (the allocation and the final sample are still recorded). The shortest interval
+is 0.1: a positive value below it is raised to 0.1, with one warning. Each sample is a
+provider call and a span per sandbox; at ``1e-9`` one idle sandbox spent a whole CPU core on
+them, while 0.1 still sees the peak of a sandbox that lives for a second.
 Flag: ``--nemo_gym_sandbox_resource_interval``.
 """
 
@@ -89,10 +93,12 @@ OTEL_PYTHON_NEMO_GYM_LOG_LEVEL = "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL"
 """
 .. envvar:: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL
 
-``debug``, ``info``, ``warning`` or ``error``: print this instrumentation's own log lines (the
+A level name as Python's logging spells it, in any case: ``debug``, ``info``, ``warning``
+(``warn``), ``error``, ``critical`` (``fatal``). Print this instrumentation's own log lines (the
 status line, the capacity report, its warnings) at that level and above to stderr, in
 processes whose logging nobody configured, such as NeMo Gym's servers (Python then shows
 warnings only). The lines then go to that stderr handler only, not on to the root logger.
-Unset by default (the application's logging configuration decides).
+Unset by default (the application's logging configuration decides); any other value is one
+warning naming the accepted levels, and is treated as unset.
 Flag: ``--nemo_gym_log_level``.
 """

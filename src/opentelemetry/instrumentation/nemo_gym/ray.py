@@ -11,27 +11,38 @@ task to whichever node runs it, so::
     ray.init(address="auto", runtime_env=runtime_env())
     # or per task / actor: f.options(runtime_env=runtime_env({"pip": [...]})).remote()
 
-gives every worker process of that job (or task) the driver's ``OTEL_*`` settings and Ray's
-worker setup hook, set to ``setup_worker``, which configures the SDK from them as
-``opentelemetry-instrument`` would (its distro, configurator and every installed
-instrumentor, this plugin included), once per worker process, before the worker runs its
-first task. The ``nemo_gym`` resource detector
+gives every worker process of that job (or task) the driver's ``OTEL_*`` settings, except
+credentials, and Ray's worker setup hook, set to ``setup_worker``, which configures the SDK
+from them as ``opentelemetry-instrument`` would (its distro, configurator and every
+installed instrumentor, this plugin included), once per worker process, before the worker
+runs its first task. The ``nemo_gym`` resource detector
 is added to ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``, so each worker's resource names Ray's
 node id and worker id. This module is the only one that imports ``ray``: in the worker's hook,
 and for the name of Ray's setup-hook variable where Ray is installed (a fallback otherwise).
+
+Ray writes a runtime_env in plain text into ``runtime_env_agent.log`` and shows it on its
+dashboard, so credentials stay out of it by default: the OTLP headers (where API keys and
+bearer tokens go), any variable named like a password, token, key or secret, and any value
+holding a URL with user-info (``https://user:pass@host``). Workers read those from their
+node's environment instead (what ``ray start`` ran with): a variable a runtime_env does not
+set keeps the node's value. ``inherit_credentials=True`` copies them anyway.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+
 __all__ = ["SETUP_HOOK", "flush", "runtime_env", "setup_worker"]
 
 logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 SETUP_HOOK: Final = f"{__name__}.setup_worker"
 """The worker setup hook that ``runtime_env()`` installs (an importable name)."""
@@ -45,6 +56,32 @@ _SETUP_HOOK_VARIABLE: Final = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 # opentelemetry-instrument's own settings live in OTEL_* too; PYTHONPATH is not copied: the
 # driver's paths mean nothing on another node, and the hook does what its sitecustomize does.
 _PREFIX: Final = "OTEL_"
+_HOOK_FIELD: Final = "worker_process_setup_hook"
+# Words of a variable's name (split at "_") that mark its value as a credential. HEADERS: the
+# OTLP exporters' headers carry API keys and bearer tokens (OTEL_EXPORTER_OTLP_HEADERS and
+# OTEL_EXPORTER_OTLP_<SIGNAL>_HEADERS). SECRET counts anywhere in the name, even mid-word.
+_CREDENTIAL_WORDS: Final = frozenset(
+    {
+        "HEADERS",
+        "PASSWORD",
+        "PASSWD",
+        "TOKEN",
+        "KEY",
+        "APIKEY",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "AUTH",
+        "AUTHORIZATION",
+    }
+)
+# The OTLP exporters' TLS files are named by path (the SDK opens them): a path grants
+# nothing, the key stays in its file on the node, and workers need the same paths to export
+# where every node mounts them alike. So these are copied, unless the value is the key or
+# certificate itself pasted in.
+_TLS_FILE_VARIABLE: Final = re.compile(
+    r"OTEL_EXPORTER_OTLP_(?:(?:TRACES|METRICS|LOGS)_)?(?:CERTIFICATE|CLIENT_KEY|CLIENT_CERTIFICATE)"
+)
+_URL_USER_INFO: Final = re.compile(r"://[^/?#\s]*@")
 
 
 def runtime_env(
@@ -52,6 +89,7 @@ def runtime_env(
     *,
     env_vars: Mapping[str, str] | None = None,
     inherit_environment: bool = True,
+    inherit_credentials: bool = False,
 ) -> dict[str, Any]:
     """A Ray ``runtime_env`` whose workers export telemetry like this process would.
 
@@ -59,36 +97,51 @@ def runtime_env(
     not modified. ``env_vars``: variables to set on top, e.g. ``OTEL_SERVICE_NAME``.
     ``inherit_environment``: copy this process's ``OTEL_*`` variables (default), except what
     names this process (``OTEL_SERVICE_NAME``; ``service.name`` and ``service.instance.id`` in
-    ``OTEL_RESOURCE_ATTRIBUTES``), so workers never share the driver's series. Precedence,
-    lowest first: this process, ``base["env_vars"]``, ``env_vars``. Raises ``ValueError``
-    naming the field and value for a ``base`` that already has a
-    ``worker_process_setup_hook`` (Ray runs one; call ``setup_worker()`` from yours), and
-    ``TypeError`` for an ``env_vars`` entry that is not a string (as Ray would).
+    ``OTEL_RESOURCE_ATTRIBUTES``), so workers never share the driver's series, and except
+    credentials: the OTLP headers, any variable whose name has ``PASSWORD``, ``TOKEN``,
+    ``KEY``, ``SECRET``, ``CREDENTIAL`` or ``AUTH`` in it, and any value with a URL's
+    user-info (``https://user:pass@host``). Those are logged by name (never value), once, and
+    workers read them from their node's environment (export them where ``ray start`` runs).
+    The OTLP TLS file variables (``OTEL_EXPORTER_OTLP_CERTIFICATE``, ``..._CLIENT_KEY``,
+    ``..._CLIENT_CERTIFICATE``) are paths and are copied; pasted PEM content is not.
+
+    ``inherit_credentials=True`` copies the credentials too. The risk: Ray writes the
+    runtime_env in plain text into ``runtime_env_agent.log`` on every node that runs the job
+    and shows it on its dashboard, so anyone who can read those logs or open the dashboard
+    reads the credentials. What you pass in ``base["env_vars"]`` or ``env_vars`` is yours and
+    is copied as given, with that same exposure.
+
+    Precedence, lowest first: this process, ``base["env_vars"]``, ``env_vars``. Raises
+    ``ValueError`` naming the field and the value for a setup hook of your own, whether given
+    as ``base["worker_process_setup_hook"]`` or as Ray's variable behind that field in
+    either ``env_vars`` (Ray runs one; call ``setup_worker()`` from yours); ours is accepted.
+    Raises ``TypeError`` for a ``base`` or ``env_vars`` that is not a mapping, and for an
+    ``env_vars`` entry that is not a string (as Ray would), naming the key, never the value.
     """
-    merged: dict[str, Any] = dict(base or {})
-    hook = merged.get("worker_process_setup_hook")
-    if hook is not None:
-        raise ValueError(
-            f"runtime_env: base already has worker_process_setup_hook={hook!r}; Ray runs one "
-            f"setup hook per worker and runtime_env() installs its own: call {SETUP_HOOK}() "
-            "from yours instead"
+    if base is not None and not isinstance(base, Mapping):
+        raise TypeError(
+            f"runtime_env: base must be a runtime_env mapping, not {type(base).__name__}"
         )
+    merged: dict[str, Any] = dict(base or {})
+    hook = merged.get(_HOOK_FIELD)
+    if hook is not None and not _is_our_hook(hook):
+        raise ValueError(_hook_conflict("base", _HOOK_FIELD, hook, "Ray's setup-hook field"))
     variables: dict[str, str] = {}
     if inherit_environment:
-        variables.update(_inherited(os.environ))
+        variables.update(_inherited(os.environ, credentials=inherit_credentials))
+    hook_variable = _setup_hook_variable()
     for source, given in (("base['env_vars']", merged.get("env_vars")), ("env_vars", env_vars)):
-        for key, value in (given or {}).items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(
-                    f"runtime_env: {source}[{key!r}] = {value!r}; Ray's env_vars maps "
-                    "strings to strings"
+        for key, value in _checked_env_vars(source, given).items():
+            if key == hook_variable and value != SETUP_HOOK:
+                raise ValueError(
+                    _hook_conflict(source, key, value, f"the variable Ray turns {_HOOK_FIELD} into")
                 )
             variables[key] = value
     variables[_DETECTORS] = _with_our_detector(variables.get(_DETECTORS, ""))
     # Ray's `worker_process_setup_hook` field is honoured only in a job's runtime_env (ray.init)
     # and silently ignored in a task's or actor's (Ray 2.60). The variable Ray turns that field
     # into, and that every worker reads before its first task, works at both levels.
-    variables[_setup_hook_variable()] = SETUP_HOOK
+    variables[hook_variable] = SETUP_HOOK
     merged["env_vars"] = variables
     return merged
 
@@ -111,8 +164,9 @@ def setup_worker() -> None:
         logger.exception("nemo_gym: configuring OpenTelemetry in this Ray worker failed")
 
 
-def _inherited(environ: Mapping[str, str]) -> dict[str, str]:
-    """This process's ``OTEL_*`` settings, minus what names this process rather than a worker.
+def _inherited(environ: Mapping[str, str], *, credentials: bool) -> dict[str, str]:
+    """This process's ``OTEL_*`` settings, minus what names this process rather than a worker,
+    and minus credentials unless ``credentials`` is true.
 
     A worker is its own service instance: the driver's ``OTEL_SERVICE_NAME`` and the
     ``service.name``/``service.instance.id`` in its ``OTEL_RESOURCE_ATTRIBUTES`` would make
@@ -128,7 +182,19 @@ def _inherited(environ: Mapping[str, str]) -> dict[str, str]:
     ]
     if kept:
         variables[_RESOURCE_ATTRIBUTES] = ",".join(kept)
-    return variables
+    if credentials:
+        return variables
+    withheld = sorted(name for name, value in variables.items() if _is_credential(name, value))
+    if withheld:
+        _ONCE(
+            tuple(withheld),
+            logging.INFO,
+            "nemo_gym: runtime_env() left %s out of the Ray runtime_env (Ray logs it and shows "
+            "it on its dashboard in plain text); Ray workers read them from their node's "
+            "environment, or pass inherit_credentials=True",
+            ", ".join(withheld),
+        )
+    return {name: value for name, value in variables.items() if name not in withheld}
 
 
 def flush(timeout_millis: int = 5000) -> bool:
@@ -169,6 +235,53 @@ def _with_our_detector(configured: str) -> str:
     if _OUR_DETECTOR in names or "*" in names:
         return ",".join(names)
     return ",".join([*names, _OUR_DETECTOR])
+
+
+def _is_credential(name: str, value: str) -> bool:
+    """Whether ``name=value`` holds a secret that must not travel in a runtime_env."""
+    if _URL_USER_INFO.search(value):
+        return True  # an endpoint with user:password@ in it, whatever the variable's name
+    if _TLS_FILE_VARIABLE.fullmatch(name):
+        return "-----BEGIN" in value or "\n" in value  # a path is copied, key material is not
+    upper = name.upper()
+    return "SECRET" in upper or any(word in _CREDENTIAL_WORDS for word in upper.split("_"))
+
+
+def _checked_env_vars(source: str, given: object) -> Mapping[str, str]:
+    """``given`` as Ray's ``env_vars`` (strings to strings), else ``TypeError`` naming
+    ``source`` and the key; a value is never shown, as it may be a credential."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise TypeError(
+            f"runtime_env: {source} must be a mapping of strings to strings, "
+            f"not {type(given).__name__}"
+        )
+    for key, value in given.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                f"runtime_env: {source} has a key of type {type(key).__name__}; Ray's "
+                "env_vars maps strings to strings"
+            )
+        if not isinstance(value, str):
+            raise TypeError(
+                f"runtime_env: {source}[{shown_value(key)}] is of type {type(value).__name__} "
+                "(value not shown); Ray's env_vars maps strings to strings"
+            )
+    return given
+
+
+def _is_our_hook(hook: object) -> bool:
+    return hook == SETUP_HOOK or hook is setup_worker
+
+
+def _hook_conflict(source: str, name: str, hook: object, what: str) -> str:
+    """The error for a setup hook of the caller's own, the same for the field and the variable."""
+    return (
+        f"runtime_env: {source} has {name}={shown_value(hook)} ({what}), a worker setup hook of "
+        f"your own; Ray runs one per worker and runtime_env() installs its own: call "
+        f"{SETUP_HOOK}() from yours instead"
+    )
 
 
 def _sdk_configured() -> bool:

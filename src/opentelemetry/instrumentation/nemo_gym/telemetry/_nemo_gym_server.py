@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import wrapt
 
 from opentelemetry.instrumentation.nemo_gym import _settings
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_WORKERS,
 )
@@ -168,10 +168,20 @@ def nemo_gym_worker_count() -> int | None:
     try:
         workers = read()
     except Exception as exc:  # noqa: BLE001 - a bad NeMo Gym setting falls back to the default
-        _ONCE(("workers", type(exc).__name__), logging.WARNING, "nemo_gym workers: %r", exc)
+        _ONCE(
+            ("workers", type(exc).__name__),
+            logging.WARNING,
+            "nemo_gym workers: %s",
+            shown_value(exc),  # NeMo Gym's error quotes the variable's value
+        )
         return None
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        _ONCE(("workers", repr(workers)), logging.WARNING, "nemo_gym workers=%r ignored", workers)
+        _ONCE(
+            ("workers", repr(workers)),
+            logging.WARNING,
+            "nemo_gym workers=%s ignored",
+            shown_value(workers),
+        )
         return None
     return workers
 
