@@ -356,8 +356,8 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     span_exporter: InMemorySpanExporter,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Through traced_provider, a CPU-bound command under a 0.5-core limit shows CPU time
-    growing at the throttled rate in the periodic samples, with the engine's throttled time."""
+    """Through traced_provider, a CPU-bound command under a 0.1-core limit shows CPU time
+    growing at the throttled rate in the periodic samples, with the throttled time."""
     from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
 
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.5")
@@ -373,27 +373,33 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
             and not (s.attributes or {})[PREFIX + "resource.final"]
         ]
 
-    async def periods_counted() -> bool:
-        # The engine's own figures: Podman 4 on cgroup v1 sends zero quota periods always.
+    async def periods_counted(got: list[ReadableSpan]) -> bool:
+        # A cgroup sample reads the kernel's own throttled time (cpu.stat), which counts
+        # whenever the quota binds. The engine's stats may not: Podman 4 on cgroup v1 sends
+        # zero quota periods always.
+        if str((got[0].attributes or {})[PREFIX + "usage.source"]).startswith("cgroup."):
+            return True
         _, raw = await asyncio.to_thread(
             engine, "GET", f"/v1.41/containers/{handle.sandbox_id}/stats?stream=false&one-shot=true"
         )
         return bool(raw["cpu_stats"]["throttling_data"].get("periods", 0) > 0)
 
     traced = traced_provider(provider)
-    handle = await traced.create(spec(resources={"cpu": 0.5, "memory_mib": 64}))
+    # A tenth of a core: the burner outruns that quota even on a machine whose other work
+    # leaves it a small share of a core, so the kernel throttles it.
+    handle = await traced.create(spec(resources={"cpu": 0.1, "memory_mib": 64}))
     try:
         burner = await traced.exec(handle, "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!")
         # Wait on the condition, bounded generously (a loaded machine may give the burner
         # less than its quota for a while): five answered samples, and a throttled one
-        # where the engine counts quota periods at all.
+        # where throttling is counted at all.
         counted = True
         for _ in range(1200):
             got = answered()
             if len(got) >= 5:
                 if any(((s.attributes or {}).get(throttled_key) or 0) > 0 for s in got):
                     break
-                counted = await periods_counted()
+                counted = await periods_counted(got)
                 if not counted:
                     break
             await asyncio.sleep(0.1)
@@ -408,7 +414,7 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
         if (s.attributes or {})[PREFIX + "resource.kind"] == "allocation"
     ]
     assert PREFIX + "resource.error" not in allocation
-    assert allocation[PREFIX + "allocation.component.container.limits.cpu"] == 0.5
+    assert allocation[PREFIX + "allocation.component.container.limits.cpu"] == 0.1
     finals = [s for s in every if (s.attributes or {})[PREFIX + "resource.final"]]
     assert len(finals) == 1
     got = answered()
@@ -416,10 +422,10 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     timed = [(s.start_time or 0, (s.attributes or {})[cpu_key]) for s in got]
     cpu = [c for _, c in timed]
     assert cpu == sorted(cpu)
-    # Never the full core the loop would take unthrottled: at most half a core-second per
-    # second (with room for the jitter of when each stats answer was read).
+    # Never the full core the loop would take unthrottled: at most a tenth of a core-second
+    # per second (with room for the jitter of when each answer was read).
     rate = (timed[-1][1] - timed[0][1]) / ((timed[-1][0] - timed[0][0]) / 1e9)
-    assert 0 < rate < 0.7, timed
+    assert 0 < rate < 0.15, timed
     # Throttled time is the engine's figure when it counts quota periods, absent otherwise
     # (Podman 4 on cgroup v1 sends zeros); never an invented 0.
     throttled = [(s.attributes or {}).get(throttled_key) for s in got]
