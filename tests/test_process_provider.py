@@ -71,6 +71,23 @@ async def plain_provider() -> AsyncIterator[ProcessSandboxProvider]:
     await made.aclose()
 
 
+async def sleeping_in_its_own_image(pid: int) -> None:
+    """Wait until ``pid`` is ``sleep`` asleep: past its exec, whose new image has no resident
+    pages yet (a sample read in between sees a memory of 0)."""
+    for _ in range(1000):
+        name, state = process_name_and_state(pid)
+        if (name, state) == ("sleep", "S"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"pid {pid} never slept in sleep's image: {name} {state}")
+
+
+def process_name_and_state(pid: int) -> tuple[str, str]:
+    """``comm`` and state of ``pid`` from ``/proc/<pid>/stat``."""
+    left, right = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+    return left.split("(", 1)[1], right.split()[0]
+
+
 def exists(path: Path) -> bool:
     return path.exists()
 
@@ -277,7 +294,8 @@ async def test_process_provider_without_cgroups_says_so(
     (component,) = allocation.components
     assert component.limits.cpu is None
     assert component.limits.memory_mib is None
-    await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 &")
+    started = await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 & echo $!")
+    await sleeping_in_its_own_image(int((started.stdout or "").strip()))
     sample = await plain_provider.resource_sample(sandbox)
     assert sample[USAGE + "source"] == "proc"
     assert sample[USAGE + "pids"] == 1
