@@ -297,6 +297,7 @@ class _NoWait(aiohttp.TCPConnector):
         (_CreateIsPlain, "_CreateIsPlain._create_connection is no longer a coroutine function"),
         (_NoWait, "_NoWait._wait_for_available_connection is gone"),
     ],
+    ids=["wait-takes-deadline", "create-not-async", "wait-gone"],
 )
 def test_override_mismatch_names_method_and_signatures(future: type, reason: str) -> None:
     """A changed parameter list, a method no longer async, or one gone: named, with both sides."""
@@ -357,3 +358,52 @@ async def test_instrument_aiohttp_restored_times_again(
     connector = aiohttp.TCPConnector()
     assert type(connector) is QueueTimedTCPConnector
     await connector.close()
+
+
+# --- a future aiohttp: private pool state renamed or reshaped ---------------------------------
+
+
+async def test_unreadable_state_real_connector_reads() -> None:
+    """A real connector of the installed aiohttp has every attribute the pool readers use."""
+    connector = aiohttp.TCPConnector()
+    try:
+        assert _aiohttp_compat.unreadable_state(connector) is None
+    finally:
+        await connector.close()
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({"_acquired": set(), "_conns": {}, "_waiters": {}}, "the connector has no _limit"),
+        (
+            {"_limit": 1, "_acquired": [], "_conns": {}, "_waiters": {}},
+            "the connector's _acquired is a list, not a set",
+        ),
+        ({"_limit": 1, "_acquired": set(), "_conns": {}}, "the connector has no _waiters"),
+    ],
+    ids=["limit-gone", "acquired-list", "waiters-gone"],
+)
+def test_unreadable_state_names_attribute(state: dict[str, Any], reason: str) -> None:
+    """The first attribute that is gone or of another type is named."""
+    subject = _Opaque()
+    for name, value in state.items():
+        setattr(subject, name, value)
+    assert _aiohttp_compat.unreadable_state(subject) == reason
+
+
+async def test_timed_connector_state_renamed_warns_once(
+    fresh_mismatch_log: None, pool_telemetry: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three connectors bound without ``_waiters``: one warning names it, for all three."""
+    caplog.set_level(logging.WARNING, logger=connection_pool.__name__)
+    connectors = [aiohttp.TCPConnector() for _ in range(3)]
+    for connector in connectors:
+        waiters = connector.__dict__.pop("_waiters")
+        QueueTimedTCPConnector._nemo_gym_attach(connector, pool_telemetry)  # type: ignore[arg-type]
+        connector._waiters = waiters  # type: ignore[attr-defined]  # aiohttp's own, back
+        await connector.close()
+    assert [record.getMessage() for record in caplog.records] == [
+        "nemo_gym: connection-pool state (open, idle and waiting connections, the queue "
+        f"constraint) partly off: the connector has no _waiters (aiohttp {aiohttp.__version__})"
+    ]

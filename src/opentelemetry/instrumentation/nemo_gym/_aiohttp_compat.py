@@ -114,6 +114,27 @@ def pool_state(connector: object, destinations: Mapping[object, Destination]) ->
     return state
 
 
+# The private state pool_state and queue_constraint read, and the type each must have.
+_STATE: Final = (("_limit", int), ("_acquired", set), ("_conns", Mapping), ("_waiters", Mapping))
+
+
+def unreadable_state(connector: object) -> str | None:
+    """Which private attribute ``connector`` lacks, or has in another shape, or ``None``.
+
+    Where one is unreadable, ``pool_state`` and ``queue_constraint`` leave it out: the pool
+    gauges and the queue-wait ``constraint`` degrade while requests are unaffected. Ask it once
+    per connector construction, to say so once. Never raises.
+    """
+    for name, kind in _STATE:
+        try:
+            value = getattr(connector, name)
+        except Exception:  # noqa: BLE001 - gone, or unreadable: the same to the readers
+            return f"the connector has no {name}"
+        if not isinstance(value, kind):
+            return f"the connector's {name} is a {type(value).__name__}, not a {kind.__name__}"
+    return None
+
+
 def _shape(function: object) -> tuple[tuple[str, object, object], ...]:
     parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
     return tuple((p.name, p.kind, p.default) for p in parameters)

@@ -238,6 +238,8 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
                 return
             previous.detach(self)
         counts = telemetry.attach(self) if telemetry is not None else ConnectorCounts()
+        if telemetry is not None:
+            _warn_if_state_unreadable(self)
         self._nemo_gym_pool = telemetry
         self._nemo_gym_counts = counts
         self._nemo_gym_connects = counts.connects
@@ -357,6 +359,20 @@ _OVERRIDDEN: Final = {
 # (aiohttp's overridden methods, why they do not fit or None) as last compared.
 _fit: tuple[tuple[object, ...], str | None] = ((), None)
 _MISMATCH = OnceLog(logger)
+
+
+def _warn_if_state_unreadable(connector: aiohttp.TCPConnector) -> None:
+    """Say once, per reason, that this aiohttp's pool state cannot be read (requests are fine)."""
+    reason = _aiohttp_compat.unreadable_state(connector)
+    if reason is not None:
+        _MISMATCH(
+            reason,
+            logging.WARNING,
+            "nemo_gym: connection-pool state (open, idle and waiting connections, the queue "
+            "constraint) partly off: %s (aiohttp %s)",
+            reason,
+            aiohttp.__version__,
+        )
 
 
 def timed_connector_mismatch() -> str | None:
