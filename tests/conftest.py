@@ -96,25 +96,25 @@ class Section:
 # Marker -> what its tests need. Each is selected with `-m <marker>` in .ci/run, never skipped.
 SECTIONS: dict[str, Section] = {
     "collector": Section(
-        "needs scripts/start-collector.sh's collector and Prometheus; "
+        "needs the collector of scripts/start-collector.sh and Prometheus; run: "
         "bash scripts/start-collector.sh && .venv/bin/python -m pytest -m collector tests/",
         _nothing_beyond_services,
     ),
     "ray_cluster": Section(
-        "a two-node Ray cluster and the collector, in .venv-ray; bash scripts/ray-env.sh && "
+        "needs Ray (.venv-ray, from scripts/ray-env.sh) and the collector; run: "
         ".venv-ray/bin/python -m pytest -m ray_cluster tests/test_ray_cluster.py",
         # Not imported here: Ray reads its variables at import, which the test sets first.
         _importable("ray", "bash scripts/ray-env.sh", load=False),
     ),
     "deployment": Section(
-        "a real NeMo Gym deployment; NEMO_GYM_DEPLOYMENT_VENV=... "
-        ".venv/bin/python -m pytest -m deployment tests/test_nemo_gym_deployment.py",
+        "needs NEMO_GYM_DEPLOYMENT_VENV (from scripts/nemo-gym-deploy-env.sh) and the collector; "
+        "run: .venv/bin/python -m pytest -m deployment tests/test_nemo_gym_deployment.py",
         _virtualenv_in("NEMO_GYM_DEPLOYMENT_VENV", "scripts/nemo-gym-deploy-env.sh"),
     ),
     "nemo_gym_server": Section(
-        "NeMo Gym's server_utils, in .venv-nemo-gym-server; bash scripts/nemo-gym-server-env.sh "
-        "&& .venv-nemo-gym-server/bin/python -m pytest -m nemo_gym_server "
-        "tests/test_nemo_gym_server_client.py",
+        "needs NeMo Gym's server_utils (.venv-nemo-gym-server, from "
+        "scripts/nemo-gym-server-env.sh); run: .venv-nemo-gym-server/bin/python -m pytest "
+        "-m nemo_gym_server tests/test_nemo_gym_server_client.py",
         _importable("nemo_gym.server_utils", "bash scripts/nemo-gym-server-env.sh"),
     ),
 }
