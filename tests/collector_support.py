@@ -2,10 +2,9 @@
 
 Collector tests are heavy (a Go-built collector, several instrumented processes, a Prometheus
 server), so they run once, in their own ``.ci/run`` section, not in each of the four runs of
-``scripts/test.sh``: they are marked ``collector`` and run only with
-``NEMO_GYM_COLLECTOR=required``. Without it they skip with the command that runs them; with it a
-collector that does not answer fails them (``require_service`` under ``CI=true``, or a skip
-with the reason outside CI).
+``scripts/test.sh``: they are marked ``collector``, which the main suite leaves out
+(``SECTIONS`` in ``conftest.py``) and ``-m collector`` selects. Selected, a collector or a
+Prometheus that is missing fails them (``require_service``).
 """
 
 from __future__ import annotations
@@ -36,19 +35,6 @@ START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
 FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
 EXAMPLE_APP = ROOT / "examples" / "prometheus" / "app.py"
 STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
-RUN_COMMAND = (
-    "bash scripts/start-collector.sh && NEMO_GYM_COLLECTOR=required "
-    ".venv/bin/python -m pytest -m collector tests/"
-)
-
-
-def skip_unless_required() -> None:
-    """Skip the calling module unless ``NEMO_GYM_COLLECTOR=required`` (the heavy tests run once)."""
-    if os.environ.get("NEMO_GYM_COLLECTOR") != "required":
-        pytest.skip(
-            f"collector tests run once, in .ci/run's collector section: {RUN_COMMAND}",
-            allow_module_level=True,
-        )
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +45,145 @@ IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 
 
+# --- sections: heavy tests that run once, in their own .ci/run section --------------------------
+
+
+def _importable(module: str, venv_script: str, *, load: bool = True) -> Callable[[], str | None]:
+    """``module`` can be imported (``load=False``: is installed, for a module that must not be
+    imported before its test has set the variables it reads at import)."""
+
+    def missing() -> str | None:
+        try:
+            if load:
+                importlib.import_module(module)
+            elif importlib.util.find_spec(module) is None:
+                raise ImportError(f"no module named {module!r}")
+        except ImportError as error:
+            return f"{module} is not importable here ({error}); build its virtualenv: {venv_script}"
+        return None
+
+    return missing
+
+
+def _virtualenv_in(variable: str, venv_script: str) -> Callable[[], str | None]:
+    def missing() -> str | None:
+        value = os.environ.get(variable, "")
+        if not value:
+            return f'{variable} is not set; {variable}="$(bash {venv_script} | tail -n 1)"'
+        if not (Path(value) / "bin" / "python").is_file():
+            return f"{variable}={value!r} has no bin/python; bash {venv_script} builds one"
+        return None
+
+    return missing
+
+
+def _nothing_beyond_services() -> str | None:
+    return None  # its services are checked where they are used, by require_service
+
+
+@dataclass(frozen=True)
+class Section:
+    """Tests that the main suite leaves out (deselected) and ``-m <marker>`` runs.
+
+    ``missing()`` names what the section needs and does not have, or ``None``; selected, a
+    section's tests fail on it, and on any ``require_service`` that is not met, CI or not.
+    """
+
+    description: str
+    missing: Callable[[], str | None]
+
+
+# Marker -> what its tests need. Each is selected with `-m <marker>` in .ci/run, never skipped.
+SECTIONS: dict[str, Section] = {
+    "collector": Section(
+        "needs the collector of scripts/start-collector.sh and Prometheus; run: "
+        "bash scripts/start-collector.sh && .venv/bin/python -m pytest -m collector tests/",
+        _nothing_beyond_services,
+    ),
+    "ray_cluster": Section(
+        "needs Ray (.venv-ray, from scripts/ray-env.sh) and the collector; run: "
+        ".venv-ray/bin/python -m pytest -m ray_cluster tests/test_ray_cluster.py",
+        # Not imported here: Ray reads its variables at import, which the test sets first.
+        _importable("ray", "bash scripts/ray-env.sh", load=False),
+    ),
+    "deployment": Section(
+        "needs NEMO_GYM_DEPLOYMENT_VENV (from scripts/nemo-gym-deploy-env.sh) and the collector; "
+        "run: .venv/bin/python -m pytest -m deployment tests/test_nemo_gym_deployment.py",
+        _virtualenv_in("NEMO_GYM_DEPLOYMENT_VENV", "scripts/nemo-gym-deploy-env.sh"),
+    ),
+    "nemo_gym_server": Section(
+        "needs NeMo Gym's server_utils (.venv-nemo-gym-server, from "
+        "scripts/nemo-gym-server-env.sh); run: .venv-nemo-gym-server/bin/python -m pytest "
+        "-m nemo_gym_server tests/test_nemo_gym_server_client.py",
+        _importable("nemo_gym.server_utils", "bash scripts/nemo-gym-server-env.sh"),
+    ),
+}
+
+# The section of the test being run, or None: its missing services fail rather than skip.
+_running_section: str | None = None
+_LEFT_OUT = pytest.StashKey[dict[str, int]]()
+_MISSING: dict[str, str | None] = {}
+
+
+def section_of(item: pytest.Item) -> str | None:
+    """The section marker of ``item``, or ``None`` for a test of the main suite."""
+    return next((m.name for m in item.iter_markers() if m.name in SECTIONS), None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker, section in SECTIONS.items():
+        config.addinivalue_line("markers", f"{marker}: {section.description}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect every section that ``-m`` does not name: the main suite runs none of them."""
+    expression = config.getoption("markexpr") or ""
+    named = {marker for marker in SECTIONS if re.search(rf"\b{marker}\b", expression)}
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    counts: dict[str, int] = {}
+    for item in items:
+        section = section_of(item)
+        if section is None or section in named:
+            kept.append(item)
+        else:
+            left_out.append(item)
+            counts[section] = counts.get(section, 0) + 1
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+    config.stash[_LEFT_OUT] = counts
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A selected section's test fails, before any fixture, when the section lacks something."""
+    global _running_section
+    _running_section = section_of(item)
+    if _running_section is not None:
+        if _running_section not in _MISSING:  # asked once per section and run
+            _MISSING[_running_section] = SECTIONS[_running_section].missing()
+        missing = _MISSING[_running_section]
+        if missing is not None:
+            pytest.fail(f"section {_running_section!r} selected (-m), but {missing}")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    counts = config.stash.get(_LEFT_OUT, {})
+    if counts:
+        listed = ", ".join(f"{marker} ({count})" for marker, count in sorted(counts.items()))
+        terminalreporter.write_line(
+            f"sections left out (each runs in .ci/run with -m <marker>): {listed}"
+        )
+
+
 def require_service(available: bool, reason: str) -> None:
-    """Skip a test whose external service is missing; under ``CI=true`` fail instead."""
+    """Skip a test whose external service is missing; fail instead under ``CI=true`` or in a
+    section selected with ``-m`` (see ``SECTIONS``)."""
     if available:
         return
+    if _running_section is not None:
+        pytest.fail(f"required service missing in section {_running_section!r}: {reason}")
     if IN_CI:
         pytest.fail(f"required service missing under CI=true: {reason}")
     pytest.skip(reason)

@@ -2,27 +2,35 @@
 
 CI runs this file on the lowest supported aiohttp (3.10.11) and the newest: when aiohttp
 changes the shape of ``_limit``, ``_acquired``, ``_conns`` or ``_waiters``, these fail first.
+A "future aiohttp" whose overridden methods changed signature is the real ``TCPConnector``
+with one method replaced for the test (restored after): the timed connector must stay off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
 from yarl import URL
 
 from conftest import GatedServerFactory, eventually, queued
-from opentelemetry.instrumentation.nemo_gym import _aiohttp_compat
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _aiohttp_compat
 from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
     PoolState,
     destination,
+    override_mismatch,
     pool_state,
     queue_constraint,
 )
+from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
+    build_connection_pool_connector,
 )
 
 
@@ -221,3 +229,181 @@ def test_compat_names_module_surface() -> None:
         _aiohttp_compat.CONSTRAINT_PER_HOST,
         _aiohttp_compat.CONSTRAINT_UNKNOWN,
     ) == ("total", "per_host", "unknown")
+
+
+# --- a future aiohttp: overridden methods whose signature changed ----------------------------
+
+TIMED_OFF = "connection-pool timing off"
+
+
+@pytest.fixture
+def fresh_mismatch_log() -> Iterator[None]:
+    """No aiohttp mismatch remembered as logged, as in a fresh process."""
+    connection_pool._MISMATCH.reset()
+    yield
+    connection_pool._MISMATCH.reset()
+
+
+@pytest.fixture
+def future_aiohttp(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The real ``TCPConnector.connect`` with keyword-only ``traces`` and ``timeout``, as a
+    later aiohttp might have it (its session passes them by keyword); restored afterwards."""
+    original = aiohttp.TCPConnector.connect
+
+    async def connect(
+        self: aiohttp.TCPConnector,
+        req: aiohttp.ClientRequest,
+        *,
+        traces: list[Any],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 - aiohttp's parameter
+    ) -> Any:
+        return await original(self, req, traces, timeout)
+
+    monkeypatch.setattr(aiohttp.TCPConnector, "connect", connect)
+    return "TCPConnector.connect takes (self, req, *, traces, timeout)"
+
+
+def test_override_mismatch_installed_aiohttp_fits() -> None:
+    """The installed aiohttp's methods have the signatures the timed connector overrides."""
+    assert connection_pool.timed_connector_mismatch() is None
+    assert (
+        override_mismatch(aiohttp.TCPConnector, QueueTimedTCPConnector, connection_pool._OVERRIDDEN)
+        is None
+    )
+
+
+class _WaitTakesDeadline(aiohttp.TCPConnector):
+    async def _wait_for_available_connection(self, key: Any, traces: Any, deadline: Any) -> None:
+        raise AssertionError("never called")
+
+
+class _CreateIsPlain(aiohttp.TCPConnector):
+    def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:  # type: ignore[override]
+        raise AssertionError("never called")
+
+
+class _NoWait(aiohttp.TCPConnector):
+    _wait_for_available_connection = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    ("future", "reason"),
+    [
+        (
+            _WaitTakesDeadline,
+            "_WaitTakesDeadline._wait_for_available_connection takes "
+            "(self, key, traces, deadline), the override takes (self, key, traces)",
+        ),
+        (_CreateIsPlain, "_CreateIsPlain._create_connection is no longer a coroutine function"),
+        (_NoWait, "_NoWait._wait_for_available_connection is gone"),
+    ],
+    ids=["wait-takes-deadline", "create-not-async", "wait-gone"],
+)
+def test_override_mismatch_names_method_and_signatures(future: type, reason: str) -> None:
+    """A changed parameter list, a method no longer async, or one gone: named, with both sides."""
+    got = override_mismatch(future, QueueTimedTCPConnector, connection_pool._OVERRIDDEN)
+    assert got == reason
+
+
+async def test_instrument_future_aiohttp_signature_stays_plain(
+    future_aiohttp: str,
+    fresh_mismatch_log: None,
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    gated_server: GatedServerFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp's connect changed: connectors stay plain, requests work, one warning says why."""
+    caplog.set_level(logging.INFO, logger="opentelemetry.instrumentation.nemo_gym")
+    server = await gated_server("127.0.0.1")
+    instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
+    built = [
+        aiohttp.TCPConnector(limit=1),
+        QueueTimedTCPConnector(limit=1),
+        build_connection_pool_connector(limit=1),
+    ]
+    assert [type(connector) for connector in built] == [aiohttp.TCPConnector] * 3
+    for connector in built:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            held = [asyncio.create_task(get(session, f"{server.url}/hold")) for _ in range(2)]
+            await server.until_held(1)
+            await eventually(lambda c=connector: queued(c) == 1, "one request queued")
+            server.open()
+            assert await asyncio.gather(*held) == ["ok", "ok"]
+            server._gate.clear()
+    async with aiohttp.ClientSession() as session:  # aiohttp's own default connector
+        assert type(session.connector) is aiohttp.TCPConnector
+        assert await get(session, server.url) == "ok"
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    message = warnings[0].getMessage()
+    assert message.startswith(f"nemo_gym: {TIMED_OFF}, aiohttp.TCPConnector stays plain: ")
+    assert future_aiohttp in message
+    assert f"(aiohttp {aiohttp.__version__})" in message
+    status = [
+        r.getMessage() for r in caplog.records if "nemo_gym instrumentation:" in r.getMessage()
+    ]
+    assert len(status) == 1
+    assert "connection_pool=off (aiohttp" in status[0]
+
+
+async def test_instrument_aiohttp_restored_times_again(
+    instrumentor: NemoGymInstrumentor, meter_provider: MeterProvider
+) -> None:
+    """The fit is compared per set of aiohttp methods: with aiohttp's own back, pools are timed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aiohttp.TCPConnector, "_create_connection", _CreateIsPlain._create_connection)
+        assert connection_pool.timed_connector_mismatch() is not None
+    instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
+    connector = aiohttp.TCPConnector()
+    assert type(connector) is QueueTimedTCPConnector
+    await connector.close()
+
+
+# --- a future aiohttp: private pool state renamed or reshaped ---------------------------------
+
+
+async def test_unreadable_state_real_connector_reads() -> None:
+    """A real connector of the installed aiohttp has every attribute the pool readers use."""
+    connector = aiohttp.TCPConnector()
+    try:
+        assert _aiohttp_compat.unreadable_state(connector) is None
+    finally:
+        await connector.close()
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({"_acquired": set(), "_conns": {}, "_waiters": {}}, "the connector has no _limit"),
+        (
+            {"_limit": 1, "_acquired": [], "_conns": {}, "_waiters": {}},
+            "the connector's _acquired is a list, not a set",
+        ),
+        ({"_limit": 1, "_acquired": set(), "_conns": {}}, "the connector has no _waiters"),
+    ],
+    ids=["limit-gone", "acquired-list", "waiters-gone"],
+)
+def test_unreadable_state_names_attribute(state: dict[str, Any], reason: str) -> None:
+    """The first attribute that is gone or of another type is named."""
+    subject = _Opaque()
+    for name, value in state.items():
+        setattr(subject, name, value)
+    assert _aiohttp_compat.unreadable_state(subject) == reason
+
+
+async def test_timed_connector_state_renamed_warns_once(
+    fresh_mismatch_log: None, pool_telemetry: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three connectors bound without ``_waiters``: one warning names it, for all three."""
+    caplog.set_level(logging.WARNING, logger=connection_pool.__name__)
+    connectors = [aiohttp.TCPConnector() for _ in range(3)]
+    for connector in connectors:
+        waiters = connector.__dict__.pop("_waiters")
+        QueueTimedTCPConnector._nemo_gym_attach(connector, pool_telemetry)  # type: ignore[arg-type]
+        connector._waiters = waiters  # type: ignore[attr-defined]  # aiohttp's own, back
+        await connector.close()
+    assert [record.getMessage() for record in caplog.records] == [
+        "nemo_gym: connection-pool state (open, idle and waiting connections, the queue "
+        f"constraint) partly off: the connector has no _waiters (aiohttp {aiohttp.__version__})"
+    ]

@@ -28,10 +28,8 @@ from collector_support import (
     otlp_environment,
     prometheus_scraping,
     running_collector,
-    skip_unless_required,
 )
 
-skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
 # (policy requests, resources requests) per process: all different, so a mix-up shows.

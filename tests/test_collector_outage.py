@@ -33,10 +33,8 @@ from collector_support import (
     otlp_environment,
     read_ports,
     running_collector,
-    skip_unless_required,
 )
 
-skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
 TRAFFIC = ("--policy=5", "--resources=4")

@@ -19,12 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from collector_support import private_collector, skip_unless_required
-
-skip_unless_required()
-
-from promql_sources import MODES, Expression, all_expressions  # noqa: E402
-from test_prometheus_e2e import Run, app_scraped  # noqa: E402
+from collector_support import private_collector
+from promql_sources import MODES, Expression, all_expressions
+from test_prometheus_e2e import Run, app_scraped
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 EXPRESSIONS = all_expressions()

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collector_support import START_COLLECTOR, http_status, read_ports, skip_unless_required
+from collector_support import START_COLLECTOR, http_status, read_ports
 
-skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
 

@@ -6,9 +6,10 @@ Heavy (a Python 3.12 virtualenv with NeMo Gym's whole stack, a Ray cluster, a co
 servers, 300 rollouts), so it runs once, in its own ``.ci/run`` section:
 
     NEMO_GYM_DEPLOYMENT_VENV="$(bash scripts/nemo-gym-deploy-env.sh | tail -n 1)" \\
-        .venv/bin/python -m pytest tests/test_nemo_gym_deployment.py
+        .venv/bin/python -m pytest -m deployment tests/test_nemo_gym_deployment.py
 
-Without ``NEMO_GYM_DEPLOYMENT_VENV`` it skips with that command; with it, a missing piece fails.
+Marked ``deployment``, which the main suite leaves out (``SECTIONS`` in ``conftest.py``);
+selected, a missing ``NEMO_GYM_DEPLOYMENT_VENV`` or any other missing piece fails it.
 ``NEMO_GYM_DEPLOYMENT_KEEP=1`` keeps the run's folder (logs) under /tmp.
 ``NEMO_GYM_DEPLOYMENT_KILL_AFTER=1`` also SIGKILLs each server process 1 s after the SIGINT,
 as NeMo Gym means to (0.4.0's kill lands on the server's shell instead): the counts must
@@ -37,21 +38,13 @@ from nemo_gym_deployment import (
     table,
 )
 
-pytestmark = pytest.mark.integration
-
-_VENV = os.environ.get("NEMO_GYM_DEPLOYMENT_VENV", "")
-if not _VENV:
-    pytest.skip(
-        "the NeMo Gym deployment test runs once, in .ci/run's section: "
-        'NEMO_GYM_DEPLOYMENT_VENV="$(bash scripts/nemo-gym-deploy-env.sh | tail -n 1)" '
-        ".venv/bin/python -m pytest tests/test_nemo_gym_deployment.py",
-        allow_module_level=True,
-    )
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 
 @pytest.fixture(scope="module")
 def deployment() -> Deployment:
-    run = run_deployment(Path(_VENV))
+    # Set: the section's requirement (conftest.SECTIONS) fails the test before this runs.
+    run = run_deployment(Path(os.environ["NEMO_GYM_DEPLOYMENT_VENV"]))
     print("\n" + table(run))
     for server, lines in run.capacity_lines.items():
         for line in lines:

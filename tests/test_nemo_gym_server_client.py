@@ -2,9 +2,9 @@
 
 These tests import ``nemo_gym.server_utils``, which needs NeMo Gym's heavy stack (ray,
 fastapi, wandb, ...). They run in their own virtualenv, built by
-``scripts/nemo-gym-server-env.sh`` (``.ci/run`` runs them there with
-``NEMO_GYM_SERVER_ENV=required``, where a missing import fails). Elsewhere they skip with
-the reason.
+``scripts/nemo-gym-server-env.sh``: marked ``nemo_gym_server``, which the main suite leaves
+out (``SECTIONS`` in ``conftest.py``), they run in ``.ci/run``'s own section with
+``-m nemo_gym_server``, where a ``server_utils`` that does not import fails them.
 
 Real loopback servers (127.0.0.1 and 127.0.0.2) hold each request until the test releases it,
 so a queued wait is produced deterministically: one request holds the only per-host slot,
@@ -14,7 +14,7 @@ a second waits for it, then the first is released.
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -36,19 +36,14 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
 )
 
-try:
+# Not importable in the light main virtualenv, which collects this module only to leave it
+# out; where the section is selected, conftest.SECTIONS fails the tests with the import error.
+with contextlib.suppress(ImportError):
     from nemo_gym import server_utils
     from nemo_gym.config_types import BaseServerConfig
     from omegaconf import OmegaConf
-except ImportError as exc:  # the light main venv: these tests belong to the server venv
-    if os.environ.get("NEMO_GYM_SERVER_ENV") == "required":
-        raise
-    pytest.skip(
-        f"nemo_gym.server_utils not importable ({exc}); run in the environment that "
-        "scripts/nemo-gym-server-env.sh builds: "
-        "VENV=.venv-nemo-gym-server bash scripts/test.sh tests/test_nemo_gym_server_client.py",
-        allow_module_level=True,
-    )
+
+pytestmark = pytest.mark.nemo_gym_server
 
 
 class HeldServer:

@@ -11,8 +11,10 @@ which decodes them with opentelemetry-proto (the collector keeps no traces). A t
 ``runtime_env`` stays plain. Every Ray process is ended (``Cluster.shutdown()``) and checked
 gone by the test's own ``RAY_TMPDIR`` in its environment.
 
-Heavy (a Ray cluster, about a minute on 2 cores): it runs once, in its own ``.ci/run`` section
-and virtualenv (``scripts/ray-env.sh``), with ``NEMO_GYM_RAY=required``; elsewhere it skips.
+Heavy (a Ray cluster, about a minute on 2 cores): marked ``ray_cluster``, which the main suite
+leaves out (``SECTIONS`` in ``conftest.py``); it runs once, in its own ``.ci/run`` section and
+virtualenv (``scripts/ray-env.sh``), with ``-m ray_cluster``, where a missing Ray, collector or
+Prometheus fails it.
 """
 
 from __future__ import annotations
@@ -32,14 +34,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-if os.environ.get("NEMO_GYM_RAY") != "required":
-    pytest.skip(
-        "the Ray cluster test runs once, in .ci/run's Ray section: bash scripts/ray-env.sh && "
-        "bash scripts/start-collector.sh && NEMO_GYM_RAY=required "
-        ".venv-ray/bin/python -m pytest tests/test_ray_cluster.py",
-        allow_module_level=True,
-    )
-
 # `ray` itself is imported by the fixture, after it has set Ray's variables: Ray reads some at
 # import (imported earlier, a driver looks for the cluster on the host's outward address).
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -52,6 +46,7 @@ from opentelemetry.instrumentation.nemo_gym.ray import runtime_env
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.ray_cluster,
     # Ray's own modules warn on import and at shutdown; they are not ours to fix.
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::ResourceWarning"),

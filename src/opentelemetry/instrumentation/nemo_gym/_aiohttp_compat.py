@@ -1,4 +1,4 @@
-"""The one module that reads aiohttp's private connector state.
+"""The one module that reads aiohttp's private connector state and checks its private methods.
 
 aiohttp exposes no public question for "which limit is making this request wait?", "how many
 connections are idle?" or "who is queued?", so the answers come from ``BaseConnector``'s
@@ -8,6 +8,12 @@ arguments), so every read here survives any exception: when aiohttp changes, the
 answer "unknown" (or nothing) and the telemetry degrades while the application keeps working.
 ``tests/test_aiohttp_compat.py`` runs them on the oldest and newest supported aiohttp.
 
+The timed connector also overrides private methods (``_wait_for_available_connection``,
+``_create_connection``) and ``connect``, calling aiohttp's own with the same arguments. A
+release that changed one of those signatures would make the override raise ``TypeError``
+inside every request, so ``override_mismatch`` compares them once, before any connector is
+timed, and the connector stays plain where they differ.
+
 Everything here is synchronous, never blocks and never raises. ``pool_state`` may run on an
 exporter's thread while the event loop changes the connector: it copies each container in
 one C-level call (atomic under the GIL) before looking inside.
@@ -15,6 +21,7 @@ one C-level call (atomic under the GIL) before looking inside.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -105,3 +112,61 @@ def pool_state(connector: object, destinations: Mapping[object, Destination]) ->
     except Exception:  # noqa: BLE001, S110 - a changed aiohttp leaves parts of the state out
         pass
     return state
+
+
+# The private state pool_state and queue_constraint read, and the type each must have.
+_STATE: Final = (("_limit", int), ("_acquired", set), ("_conns", Mapping), ("_waiters", Mapping))
+
+
+def unreadable_state(connector: object) -> str | None:
+    """Which private attribute ``connector`` lacks, or has in another shape, or ``None``.
+
+    Where one is unreadable, ``pool_state`` and ``queue_constraint`` leave it out: the pool
+    gauges and the queue-wait ``constraint`` degrade while requests are unaffected. Ask it once
+    per connector construction, to say so once. Never raises.
+    """
+    for name, kind in _STATE:
+        try:
+            value = getattr(connector, name)
+        except Exception:  # noqa: BLE001 - gone, or unreadable: the same to the readers
+            return f"the connector has no {name}"
+        if not isinstance(value, kind):
+            return f"the connector's {name} is a {type(value).__name__}, not a {kind.__name__}"
+    return None
+
+
+def _shape(function: object) -> tuple[tuple[str, object, object], ...]:
+    parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    return tuple((p.name, p.kind, p.default) for p in parameters)
+
+
+def _spelled(function: object) -> str:
+    # Names, kinds and defaults, as compared; annotations differ between releases anyway.
+    parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    bare = [p.replace(annotation=inspect.Parameter.empty) for p in parameters]
+    return str(inspect.Signature(bare))
+
+
+def override_mismatch(base: type, subclass: type, overridden: Mapping[str, bool]) -> str | None:
+    """Why ``subclass``'s overrides do not fit ``base``'s methods, or ``None`` when they all do.
+
+    ``overridden`` maps each method name to whether the override awaits ``base``'s method
+    (which must then be a coroutine function). A method fits when ``base`` still has it with
+    the same parameters: names, kinds and defaults. The answer names the first method that
+    does not fit, both signatures, and nothing else; never raises. Costs a few ``inspect``
+    calls: ask it once per installation, not per request.
+    """
+    for name, awaited in overridden.items():
+        where = f"{base.__qualname__}.{name}"
+        try:
+            theirs = getattr(base, name, None)
+            if not callable(theirs):
+                return f"{where} is gone"
+            ours = getattr(subclass, name)
+            if _shape(theirs) != _shape(ours):
+                return f"{where} takes {_spelled(theirs)}, the override takes {_spelled(ours)}"
+            if awaited and not inspect.iscoroutinefunction(theirs):
+                return f"{where} is no longer a coroutine function"
+        except Exception as error:  # noqa: BLE001 - an unreadable method does not fit
+            return f"{where} cannot be inspected ({type(error).__name__}: {error})"
+    return None

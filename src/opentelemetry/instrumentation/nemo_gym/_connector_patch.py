@@ -10,6 +10,11 @@ aiohttp's own ``ClientSession()``/``aiohttp.request()`` are covered, and
 ``isinstance(connector, aiohttp.TCPConnector)`` stays true. Construction itself is aiohttp's:
 its errors, its ``inspect.signature`` and ``copy.copy`` behave as without us.
 
+Where the installed aiohttp's ``connect``, ``_wait_for_available_connection`` or
+``_create_connection`` no longer has the signature the timed connector overrides
+(``timed_connector_mismatch``, compared at ``install()``), nothing is switched: the connector
+stays plain and a warning says why, once.
+
 Only ``TCPConnector(...)`` itself is switched: subclasses are somebody's deliberate choice,
 and NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``) times its pools with a
 ``QueueTimedTCPConnector`` subclass of its own, which must never be timed twice.
@@ -38,6 +43,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     connection_pool_capacity,
     report_connection_pool_capacity,
+    timed_connector_mismatch,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,9 +77,14 @@ class TCPConnectorPatch:
         return self._enabled
 
     def install(self) -> None:
-        """Wrap ``TCPConnector.__init__``; re-enable our wrapper if it is still in place."""
+        """Wrap ``TCPConnector.__init__``; re-enable our wrapper if it is still in place.
+
+        Checks once, now, that the timed connector fits the installed aiohttp (a warning says
+        why not); where it does not, every connector stays plain and is still reported.
+        """
         if self._enabled:
             return
+        timed_connector_mismatch()
         self._enabled = True
         if self._wrapper is not None:
             return  # left under another library's wrapper by uninstall(): active again
@@ -109,7 +120,10 @@ class TCPConnectorPatch:
 
     def _upgrade(self, connector: aiohttp.TCPConnector) -> None:
         try:
-            telemetry = None if suppressed(get_current()) else self._choose()
+            # The fit is compared at install(); asked again here, it is a cached answer that
+            # still notices aiohttp's methods patched since.
+            unfit = suppressed(get_current()) or timed_connector_mismatch() is not None
+            telemetry = None if unfit else self._choose()
             if telemetry is not None:
                 # Bound first, switched after: a failure leaves a plain, working connector.
                 QueueTimedTCPConnector._nemo_gym_attach(connector, telemetry)  # type: ignore[arg-type]

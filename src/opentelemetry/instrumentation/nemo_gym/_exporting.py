@@ -5,19 +5,41 @@ sampler are only switched on when the global (or given) provider is an SDK provi
 not disabled and has somewhere to send data. The SDK exposes no public "has readers" or "has
 processors" question, so the answer reads its private state here, in one place, through
 ``getattr`` with safe defaults: when the SDK changes shape we answer "not exporting", which
-turns our telemetry off rather than breaking the application.
+turns our telemetry off rather than breaking the application, and say so once, as a warning
+naming the attribute that is gone (the status line then gives the same reason).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Literal
+from typing import Final, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+
+logger = logging.getLogger(__name__)
+_UNREADABLE = OnceLog(logger)
+
+# What an SDK whose readers or processors this module cannot find is told, and logged, once.
+_NO_READERS: Final = (
+    "this opentelemetry-sdk's MeterProvider has neither _measurement_consumer._reader_storages "
+    "nor _metric_readers, so its metric readers cannot be counted"
+)
+_NO_PROCESSORS: Final = (
+    "this opentelemetry-sdk's TracerProvider has no _active_span_processor._span_processors, "
+    "so its span processors cannot be counted"
+)
+
+
+def _unreadable(reason: str, capability: str) -> str:
+    _UNREADABLE(reason, logging.WARNING, "nemo_gym: %s is off: %s", capability, reason)
+    return reason
 
 
 def sdk_disabled() -> bool:
@@ -72,6 +94,8 @@ def metrics_export_status(meter_provider: metrics.MeterProvider | None = None) -
     if refusal is not None or not isinstance(provider, SdkMeterProvider):
         return False, refusal or "no SDK MeterProvider"
     readers = _metric_reader_count(provider)
+    if readers is None:
+        return False, _unreadable(_NO_READERS, "telemetry that needs a metric reader")
     if readers == 0:
         if _exporter_none(OTEL_METRICS_EXPORTER):
             return False, f"{OTEL_METRICS_EXPORTER}=none: the MeterProvider has no metric reader"
@@ -84,24 +108,26 @@ def metrics_exported(meter_provider: metrics.MeterProvider | None = None) -> boo
     return metrics_export_status(meter_provider)[0]
 
 
-def _metric_readers(provider: SdkMeterProvider) -> tuple[object, ...]:
+def _metric_readers(provider: SdkMeterProvider) -> tuple[object, ...] | None:
     # Newer SDKs can add and remove readers after construction (add_metric_reader); the
     # measurement consumer's storages (keyed by reader) are then the live set, while
     # _metric_readers only remembers the constructor's argument. Older SDKs have just the latter.
+    # None: neither is there (an SDK of another shape), which is not the same as no reader.
     consumer = getattr(provider, "_measurement_consumer", None)
     storages = getattr(consumer, "_reader_storages", None)
-    for readers in (storages, getattr(provider, "_metric_readers", ())):
+    for readers in (storages, getattr(provider, "_metric_readers", None)):
         if readers is None:
             continue
         try:
             return tuple(readers)
         except TypeError:
             continue
-    return ()
+    return None
 
 
-def _metric_reader_count(provider: SdkMeterProvider) -> int:
-    return len(_metric_readers(provider))
+def _metric_reader_count(provider: SdkMeterProvider) -> int | None:
+    readers = _metric_readers(provider)
+    return None if readers is None else len(readers)
 
 
 def metric_export_in_flight(meter_provider: object) -> bool:
@@ -112,7 +138,7 @@ def metric_export_in_flight(meter_provider: object) -> bool:
     """
     if not isinstance(meter_provider, SdkMeterProvider):
         return False
-    for reader in _metric_readers(meter_provider):
+    for reader in _metric_readers(meter_provider) or ():
         lock = getattr(reader, "_export_lock", None)
         locked = getattr(lock, "locked", None)
         if callable(locked) and locked():
@@ -120,13 +146,19 @@ def metric_export_in_flight(meter_provider: object) -> bool:
     return False
 
 
+def _span_processors(tracer_provider: SdkTracerProvider) -> tuple[object, ...] | None:
+    # None: the SDK keeps its processors elsewhere now, which is not the same as none.
+    multi = getattr(tracer_provider, "_active_span_processor", None)
+    processors = getattr(multi, "_span_processors", None)
+    return tuple(processors) if isinstance(processors, tuple | list) else None
+
+
 def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]:
-    """The span processors registered on an SDK tracer provider; empty for any other."""
+    """The span processors registered on an SDK tracer provider; empty for any other, or
+    where the SDK keeps them where this module cannot read them."""
     if not isinstance(tracer_provider, SdkTracerProvider):
         return ()
-    multi = getattr(tracer_provider, "_active_span_processor", None)
-    processors = getattr(multi, "_span_processors", ())
-    return tuple(processors) if isinstance(processors, tuple | list) else ()
+    return _span_processors(tracer_provider) or ()
 
 
 def traces_export_status(
@@ -141,9 +173,12 @@ def traces_export_status(
     """
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     refusal = _common_refusal(provider, SdkTracerProvider, "TracerProvider")
-    if refusal is not None:
-        return False, refusal
-    destinations = sum(1 for p in span_processors(provider) if not isinstance(p, ignore))
+    if refusal is not None or not isinstance(provider, SdkTracerProvider):
+        return False, refusal or "no SDK TracerProvider"
+    processors = _span_processors(provider)
+    if processors is None:
+        return False, _unreadable(_NO_PROCESSORS, "telemetry that needs a span processor")
+    destinations = sum(1 for p in processors if not isinstance(p, ignore))
     if destinations == 0:
         if _exporter_none(OTEL_TRACES_EXPORTER):
             return False, f"{OTEL_TRACES_EXPORTER}=none: the TracerProvider has no span processor"

@@ -13,10 +13,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
+
 from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
 from opentelemetry.instrumentation.nemo_gym._once import shown_value
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    timed_connector_mismatch,
+)
 
 logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
 
@@ -43,6 +48,12 @@ def _connection_pool_status(kwargs: Mapping[str, Any]) -> str:
     off = _switched_off(kwargs, "connection_pool", env.OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL)
     if off is not None:
         return f"connection_pool=off ({off})"
+    if timed_connector_mismatch() is not None:
+        # The warning logged with it names the method and both signatures.
+        return (
+            f"connection_pool=off (aiohttp {aiohttp.__version__} does not fit the timed "
+            "connector; aiohttp.TCPConnector stays plain)"
+        )
     exporting, reason = _exporting.metrics_export_status(kwargs.get("meter_provider"))
     if exporting:
         return f"connection_pool=on ({reason}: new aiohttp.TCPConnector pools are timed)"

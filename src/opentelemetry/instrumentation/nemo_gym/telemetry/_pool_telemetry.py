@@ -36,10 +36,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
-from opentelemetry.metrics import _internal as _metrics_api
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
 from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
     Destination,
@@ -48,6 +47,7 @@ from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
     pool_state,
 )
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._otel_private import private_name
 from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
@@ -77,8 +77,18 @@ _MAX_CACHED_ATTRIBUTE_SETS: Final = 4096
 # suppress_instrumentation).
 WaitSample = tuple[float, str, type[BaseException] | None, str, Any, Context]
 
-_SUPPRESS: Final = otel_context._SUPPRESS_INSTRUMENTATION_KEY
-_SUPPRESS_HTTP: Final = otel_context._SUPPRESS_HTTP_INSTRUMENTATION_KEY
+# The API's private context keys; where a release renamed one, that form of suppression is not
+# seen (ctx.get(None) is None) and a warning at import says so.
+_SUPPRESS: Final = private_name(
+    "opentelemetry.context",
+    "_SUPPRESS_INSTRUMENTATION_KEY",
+    "suppress_instrumentation() for connection-pool telemetry",
+)
+_SUPPRESS_HTTP: Final = private_name(
+    "opentelemetry.context",
+    "_SUPPRESS_HTTP_INSTRUMENTATION_KEY",
+    "suppress_http_instrumentation() for connection-pool telemetry",
+)
 # The plain string key contrib's older instrumentations set, still honoured by
 # opentelemetry.instrumentation.utils.is_instrumentation_enabled.
 _SUPPRESS_PLAIN: Final = "suppress_instrumentation"
@@ -87,7 +97,18 @@ _SUPPRESS_PLAIN: Final = "suppress_instrumentation"
 def suppressed(ctx: Context) -> bool:
     """Whether ``ctx`` carries OpenTelemetry's ``suppress_instrumentation`` (or its HTTP form)."""
     # Written out, not any() over a generator: this runs once per buffered wait.
-    return bool(ctx.get(_SUPPRESS) or ctx.get(_SUPPRESS_HTTP) or ctx.get(_SUPPRESS_PLAIN))
+    return bool(
+        ctx.get(_SUPPRESS)  # type: ignore[call-overload]
+        or ctx.get(_SUPPRESS_HTTP)  # type: ignore[call-overload]
+        or ctx.get(_SUPPRESS_PLAIN)
+    )
+
+
+_PROXY_METER_PROVIDER: Final = private_name(
+    "opentelemetry.metrics._internal",
+    "_ProxyMeterProvider",
+    "recording into a global meter provider that is not an SDK MeterProvider",
+)
 
 
 def is_api_proxy(meter_provider: object) -> bool:
@@ -97,9 +118,12 @@ def is_api_proxy(meter_provider: object) -> bool:
     the SDK keeps the first instruments of a name and drops a later set's callbacks. Telemetry
     made over the proxy would therefore own the real provider's pool instruments for good,
     with no connector of its own to report: the global telemetry waits for the real provider.
+    Where this API no longer has the proxy's class (a warning at import said so), anything
+    but an SDK ``MeterProvider`` counts as the proxy.
     """
-    proxy = getattr(_metrics_api, "_ProxyMeterProvider", None)
-    return isinstance(proxy, type) and isinstance(meter_provider, proxy)
+    if isinstance(_PROXY_METER_PROVIDER, type):
+        return isinstance(meter_provider, _PROXY_METER_PROVIDER)
+    return not isinstance(meter_provider, SdkMeterProvider)
 
 
 class SemconvMode:

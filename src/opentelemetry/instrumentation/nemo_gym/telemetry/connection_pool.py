@@ -195,8 +195,10 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
     ``http.client.request.time_in_queue``, per ``OTEL_SEMCONV_STABILITY_OPT_IN``), labelled
     with the limit that was binding when the wait started and whether it ended ``ok`` or
     ``abandoned``. The wait is timed by overriding aiohttp's private
-    ``_wait_for_available_connection``; ``test_queue_wait_override_matches_aiohttp_signature``
-    fails if aiohttp changes it. New TCP connections are counted in ``_create_connection``.
+    ``_wait_for_available_connection``; new TCP connections are counted in
+    ``_create_connection``. Where the installed aiohttp's signatures of those or of
+    ``connect`` differ from the overrides (``timed_connector_mismatch``), constructing one
+    gives a plain ``aiohttp.TCPConnector`` and a warning, once. Subclasses are built as asked.
 
     Records into the instrumentor's telemetry while instrumented, else the global meter
     provider's. Use it on the event loop, like any aiohttp connector.
@@ -211,6 +213,11 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if type(self) is QueueTimedTCPConnector and timed_connector_mismatch() is not None:
+            # This aiohttp's methods do not fit the overrides, which would fail every request:
+            # a plain TCPConnector instead (same layout, built by aiohttp's own __init__).
+            self.__class__ = _TCPConnector  # type: ignore[assignment]
+            return
         try:
             telemetry = _telemetry_for_direct_construction()
         except Exception as error:  # noqa: BLE001 - the connector itself must still work
@@ -231,6 +238,8 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
                 return
             previous.detach(self)
         counts = telemetry.attach(self) if telemetry is not None else ConnectorCounts()
+        if telemetry is not None:
+            _warn_if_state_unreadable(self)
         self._nemo_gym_pool = telemetry
         self._nemo_gym_counts = counts
         self._nemo_gym_connects = counts.connects
@@ -340,6 +349,59 @@ if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
     # Tell inspect.iscoroutinefunction the truth about what connect() returns.
     inspect.markcoroutinefunction(QueueTimedTCPConnector.connect)
 
+# aiohttp's methods that QueueTimedTCPConnector overrides, each with whether the override
+# awaits aiohttp's own (which must then stay a coroutine function).
+_OVERRIDDEN: Final = {
+    "connect": False,
+    "_wait_for_available_connection": True,
+    "_create_connection": True,
+}
+# (aiohttp's overridden methods, why they do not fit or None) as last compared.
+_fit: tuple[tuple[object, ...], str | None] = ((), None)
+_MISMATCH = OnceLog(logger)
+
+
+def _warn_if_state_unreadable(connector: aiohttp.TCPConnector) -> None:
+    """Say once, per reason, that this aiohttp's pool state cannot be read (requests are fine)."""
+    reason = _aiohttp_compat.unreadable_state(connector)
+    if reason is not None:
+        _MISMATCH(
+            reason,
+            logging.WARNING,
+            "nemo_gym: connection-pool state (open, idle and waiting connections, the queue "
+            "constraint) partly off: %s (aiohttp %s)",
+            reason,
+            aiohttp.__version__,
+        )
+
+
+def timed_connector_mismatch() -> str | None:
+    """Why ``QueueTimedTCPConnector`` does not fit the installed aiohttp, or ``None``.
+
+    The signatures are compared once per set of aiohttp methods (another patch of
+    ``TCPConnector`` makes a new set), so asking at each construction costs three attribute
+    reads. A mismatch is logged once, as a warning that names the capability turned off and
+    the method that differs. Never raises.
+    """
+    global _fit
+    methods = tuple(getattr(_TCPConnector, name, None) for name in _OVERRIDDEN)
+    known, reason = _fit
+    if known != methods:
+        reason = _aiohttp_compat.override_mismatch(
+            _TCPConnector, QueueTimedTCPConnector, _OVERRIDDEN
+        )
+        _fit = (methods, reason)
+    if reason is not None:
+        _MISMATCH(
+            reason,
+            logging.WARNING,
+            "nemo_gym: connection-pool timing off, aiohttp.TCPConnector stays plain: %s "
+            "(aiohttp %s)",
+            reason,
+            aiohttp.__version__,
+        )
+    return reason
+
 
 _FAILURES = OnceLog(logger)
 
@@ -358,11 +420,12 @@ def build_connection_pool_connector(**kwargs: Any) -> aiohttp.TCPConnector:
     """Build the timed connector only while this process exports metrics.
 
     Exporting means the global meter provider is an SDK ``MeterProvider``, not disabled by
-    ``OTEL_SDK_DISABLED``, with at least one metric reader. Otherwise, and with the same
-    ``kwargs``, a plain ``aiohttp.TCPConnector``. Call it where the connector would be made
-    (inside a running event loop).
+    ``OTEL_SDK_DISABLED``, with at least one metric reader. Otherwise, or where the installed
+    aiohttp does not fit the timed connector (``timed_connector_mismatch``), a plain
+    ``aiohttp.TCPConnector`` with the same ``kwargs``. Call it where the connector would be
+    made (inside a running event loop).
     """
-    if _exporting.metrics_exported():
+    if _exporting.metrics_exported() and timed_connector_mismatch() is None:
         return QueueTimedTCPConnector(**kwargs)
     return aiohttp.TCPConnector(**kwargs)
 
