@@ -6,9 +6,13 @@
 # (main.go, go.mod, go.sum: the collector's own Go modules, no downloaded binary) with the
 # machine's Go once, into a cache folder outside the repository keyed by a hash of those
 # inputs and the Go version; starts it unless the one it started earlier from the same state
-# folder still answers, on free loopback ports. Logs go to stderr. Stdout is, as its last two lines,
+# folder still answers. It listens on the standard ports (OTLP/HTTP 4318, OTLP/gRPC 4317, its
+# Prometheus exporter on 8889) where they are free, says so, and takes a free port for each one
+# that is not. Logs go to stderr. Stdout is, as its last two lines,
 #   COLLECTOR_PROMETHEUS=http://127.0.0.1:<port>/metrics   (the collector's Prometheus exporter)
 #   OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:<port>    (OTLP over HTTP)
+# or, with --env, only `export KEY=VALUE` lines for a shell to take as they are:
+#   eval "$(bash scripts/start-collector.sh --env)"
 # `--stop` ends the collector this state folder started, and nothing else: a process counts as
 # ours only while it runs the binary recorded at its start, with the start time the kernel
 # gave it then (a reused PID has another) and this state folder's configuration.
@@ -18,17 +22,18 @@
 #                             (default /tmp/nemo-gym-collector-<uid>: one per user; it must
 #                             belong to you)
 #   NEMO_GYM_COLLECTOR_CACHE  build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/collector)
+#   NEMO_GYM_COLLECTOR_PORTS  the ports to try first, OTLP/HTTP,OTLP/gRPC,Prometheus
+#                             (default 4318,4317,8889; 0 means any free port: 0,0,0)
 #   GO                        the Go to build with (default /usr/local/go/bin/go, else `go`)
-#
-# Usage:  eval "export $(scripts/start-collector.sh | tail -n 2 | tr '\n' ' ')"
 set -euo pipefail
 
 log() { echo "start-collector: $*" >&2; }
-usage() { log "usage: start-collector.sh [--stop]"; }
+usage() { log "usage: start-collector.sh [--env | --stop]"; }
 
 mode=lines
 case "${1:-}" in
   "") ;;
+  --env) mode=env ;;
   --stop) mode=stop ;;
   *) log "unknown argument: $1"; usage; exit 2 ;;
 esac
@@ -39,6 +44,7 @@ fi
 uid="$(id -u)"
 state_dir="${NEMO_GYM_COLLECTOR_DIR:-/tmp/nemo-gym-collector-$uid}"
 cache="${NEMO_GYM_COLLECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/collector}"
+preferred_ports="${NEMO_GYM_COLLECTOR_PORTS:-4318,4317,8889}"
 
 if [ "$mode" = stop ] && [ ! -d "$state_dir" ]; then
   log "no state folder $state_dir: no collector started from it"
@@ -130,6 +136,18 @@ if [ "$mode" = stop ]; then
   exit 0
 fi
 
+if ! [[ "$preferred_ports" =~ ^[0-9]{1,5},[0-9]{1,5},[0-9]{1,5}$ ]]; then
+  log "NEMO_GYM_COLLECTOR_PORTS=$preferred_ports: expected three ports," \
+    "OTLP/HTTP,OTLP/gRPC,Prometheus (e.g. 4318,4317,8889; 0 for any free one)"
+  exit 2
+fi
+for port in ${preferred_ports//,/ }; do
+  if [ "$((10#$port))" -gt 65535 ]; then
+    log "NEMO_GYM_COLLECTOR_PORTS=$preferred_ports: $port is not a port (0 to 65535)"
+    exit 2
+  fi
+done
+
 SRC="$(cd "$(dirname "$0")/collector" && pwd -P)"
 
 # 1. Go: the collector's modules need a newer Go than Debian's.
@@ -182,17 +200,44 @@ elif [ -s "$PID_FILE" ]; then
 fi
 if ! our_collector >/dev/null; then
   rm -f "$PID_FILE" "$IDENTITY_FILE" "$PORTS_FILE"
-  # Four free loopback ports, held by nobody once this returns (the collector binds them next).
-  read -r otlp_http otlp_grpc prom self <<<"$(python3 - <<'PY'
+  # The preferred ports that nobody listens on, and free ones for the rest and for the
+  # collector's own metrics; each held until all are chosen, then released for the collector
+  # to bind. SO_REUSEADDR, as the collector binds: a connection in TIME_WAIT does not hold a
+  # port, a listener does.
+  read -r otlp_http otlp_grpc prom self <<<"$(python3 - "${preferred_ports//,/ }" <<'PY'
 import socket
-socks = [socket.socket() for _ in range(4)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()
+import sys
+
+held = []
+for wanted in [int(port) for port in sys.argv[1].split()] + [0]:
+    probe = socket.socket()
+    if wanted and wanted not in [other.getsockname()[1] for other in held]:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", wanted))
+        except OSError:  # someone listens there
+            probe.close()
+            probe = socket.socket()
+    if not probe.getsockname()[1]:
+        probe.bind(("127.0.0.1", 0))
+    held.append(probe)
+print(*(probe.getsockname()[1] for probe in held))
+for probe in held:
+    probe.close()
 PY
 )"
+  read -r want_http want_grpc want_prom <<<"${preferred_ports//,/ }"
+  for pair in "OTLP/HTTP:$want_http:$otlp_http" "OTLP/gRPC:$want_grpc:$otlp_grpc" \
+    "Prometheus exporter:$want_prom:$prom"; do
+    IFS=: read -r what wanted got <<<"$pair"
+    if [ "$wanted" = 0 ]; then
+      log "$what on free port $got"
+    elif [ "$wanted" = "$got" ]; then
+      log "$what on its standard port $got"
+    else
+      log "$what: port $wanted is taken; on free port $got instead"
+    fi
+  done
   sed -e "s/@OTLP_HTTP_PORT@/$otlp_http/" -e "s/@OTLP_GRPC_PORT@/$otlp_grpc/" \
     -e "s/@PROMETHEUS_PORT@/$prom/" -e "s/@SELF_METRICS_PORT@/$self/" \
     "$SRC/config.yaml.in" >"$STATE_DIR/config.yaml"
@@ -243,5 +288,12 @@ fi
 
 # shellcheck disable=SC1090
 . "$PORTS_FILE"
-echo "COLLECTOR_PROMETHEUS=$COLLECTOR_PROMETHEUS"
-echo "OTEL_EXPORTER_OTLP_ENDPOINT=$OTEL_EXPORTER_OTLP_ENDPOINT"
+if [ "$mode" = env ]; then
+  # The endpoint is OTLP over HTTP, so the protocol goes with it (the SDK's default is gRPC).
+  echo "export OTEL_EXPORTER_OTLP_ENDPOINT=$OTEL_EXPORTER_OTLP_ENDPOINT"
+  echo "export OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
+  echo "export COLLECTOR_PROMETHEUS=$COLLECTOR_PROMETHEUS"
+else
+  echo "COLLECTOR_PROMETHEUS=$COLLECTOR_PROMETHEUS"
+  echo "OTEL_EXPORTER_OTLP_ENDPOINT=$OTEL_EXPORTER_OTLP_ENDPOINT"
+fi

@@ -1,13 +1,16 @@
 """``scripts/start-collector.sh``: idempotent start, what it prints, and ``--stop`` of its own only.
 
 Runs the script with state folders of its own, so it starts collectors beside the shared one
-(the build is cached, so this costs a start, not a build) and stops only those.
+(the build is cached, so this costs a start, not a build) and stops only those. They ask for
+free ports (``NEMO_GYM_COLLECTOR_PORTS=0,0,0``) or for ports the test picked, never the standard
+ones, which another run on the machine may hold or want.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,7 +36,7 @@ AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-group
 def _run(
     state: Path | str, *args: str, cwd: Path | None = None, **settings: str
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state))
+    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state), NEMO_GYM_COLLECTOR_PORTS="0,0,0")
     env.update(settings)
     return subprocess.run(
         ["bash", str(START_COLLECTOR), *args],
@@ -64,6 +67,18 @@ def _build_cache() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     cache = os.environ.get("NEMO_GYM_COLLECTOR_CACHE") or default / "nemo-gym-otel" / "collector"
     return Path(cache).resolve()
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _answers(prometheus: str, otlp: str) -> bool:
@@ -234,4 +249,82 @@ def test_start_collector_refuses_a_state_folder_of_another_user(
     assert done.returncode == 1
     assert done.stdout == ""
     assert f"the state folder {state} belongs to uid {NOBODY}" in done.stderr
+    assert not (state / "collector.pid").exists()
+
+
+def test_start_collector_preferred_ports_when_free_else_free_ones(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """It listens on the ports asked for when free, says so, and takes free ones for those taken."""
+    http, grpc, prom = _free_ports(3)
+    preferred = f"{http},{grpc},{prom}"
+    first, second = tmp_path / "first", tmp_path / "second"
+    stopped_afterwards.extend([first, second])
+
+    started = _run(first, NEMO_GYM_COLLECTOR_PORTS=preferred)
+
+    assert started.returncode == 0, started.stderr
+    assert _endpoints(started.stdout.splitlines()) == (
+        f"http://127.0.0.1:{prom}/metrics",
+        f"http://127.0.0.1:{http}",
+    )
+    assert f"OTLP/HTTP on its standard port {http}" in started.stderr
+    assert f"OTLP/gRPC on its standard port {grpc}" in started.stderr
+    assert f"Prometheus exporter on its standard port {prom}" in started.stderr
+    with socket.create_connection(("127.0.0.1", grpc), timeout=5):
+        pass  # the gRPC receiver listens there too
+
+    # The first collector holds all three now: the second takes free ones, and says so.
+    fallback = _run(second, NEMO_GYM_COLLECTOR_PORTS=preferred)
+
+    assert fallback.returncode == 0, fallback.stderr
+    prometheus, otlp = _endpoints(fallback.stdout.splitlines())
+    assert _answers(prometheus, otlp)
+    assert f":{http}" not in otlp
+    assert f":{prom}/" not in prometheus
+    assert f"OTLP/HTTP: port {http} is taken; on free port " in fallback.stderr
+    assert f"Prometheus exporter: port {prom} is taken; on free port " in fallback.stderr
+
+
+def test_start_collector_env_prints_only_export_lines(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """--env prints export lines a shell takes as they are; the logs stay on stderr."""
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+    prometheus, otlp = _endpoints(_script(state))
+
+    done = _run(state, "--env")
+    take = 'eval "$1" && echo "$OTEL_EXPORTER_OTLP_ENDPOINT $COLLECTOR_PROMETHEUS"'
+    shell = subprocess.run(
+        ["bash", "-c", take, "-", done.stdout],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"export OTEL_EXPORTER_OTLP_ENDPOINT={otlp}",
+        "export OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+        f"export COLLECTOR_PROMETHEUS={prometheus}",
+    ]
+    assert "start-collector: " in done.stderr
+    assert shell.stdout == f"{otlp} {prometheus}\n"
+
+
+@pytest.mark.parametrize("ports", ["4318", "4318,4317,nope", "4318,4317,70000"])
+def test_start_collector_malformed_ports_exit_2(
+    tmp_path: Path, stopped_afterwards: list[Path], ports: str
+) -> None:
+    """A malformed NEMO_GYM_COLLECTOR_PORTS is refused with its value, and nothing starts."""
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+
+    done = _run(state, NEMO_GYM_COLLECTOR_PORTS=ports)
+
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert f"NEMO_GYM_COLLECTOR_PORTS={ports}: " in done.stderr
     assert not (state / "collector.pid").exists()
