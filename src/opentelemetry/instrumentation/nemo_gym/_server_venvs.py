@@ -163,7 +163,7 @@ def _check_override_grammar(overrides: Sequence[str]) -> None:
         raise ValueError(f"not a valid override: {error.override}: {problem}") from error
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: Exception) -> str:
     if isinstance(error, OSError) and error.filename is not None:
         return f"{error.filename}: {error.strerror or error}"
     lines = (line.strip().removeprefix("- ").strip() for line in str(error).splitlines())
