@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 import urllib.request
@@ -39,7 +40,9 @@ DEFAULT_INTERVAL_S = 60.0
 
 def collector(key: str) -> str:
     """An endpoint scripts/start-collector.sh recorded."""
-    lines = Path("/tmp/nemo-gym-collector/ports.env").read_text().splitlines()
+    # The script's state folder: NEMO_GYM_COLLECTOR_DIR, else its per-user default.
+    state = os.environ.get("NEMO_GYM_COLLECTOR_DIR") or f"/tmp/nemo-gym-collector-{os.getuid()}"
+    lines = Path(state, "ports.env").read_text().splitlines()
     found = dict(line.split("=", 1) for line in lines if "=" in line)
     return found[key]
 

@@ -13,7 +13,9 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # The wheel declares Python >= 3.12 and pins its whole stack; its server_utils imports resolve
 # on 3.11 with these, so the wheel itself is installed without its declared dependencies.
 "${pip[@]}" --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
+# devtools and tqdm: nemo_gym.cli.env, which `nemo-gym-otel server-venvs` reads the configuration
+# through (tests/test_server_venvs_config.py).
 "${pip[@]}" orjson ray requests uvicorn fastapi omegaconf hydra-core pydantic yappi gprof2dot \
-  pydot psutil wandb mlflow-skinny openai itsdangerous rich
-"$venv/bin/python" -c 'import nemo_gym.server_utils' >/dev/null
+  pydot psutil wandb mlflow-skinny openai itsdangerous rich devtools tqdm
+"$venv/bin/python" -c 'import nemo_gym.server_utils, nemo_gym.cli.env' >/dev/null
 echo "$venv/bin/python"

@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
 FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
 EXAMPLE_APP = ROOT / "examples" / "prometheus" / "app.py"
-STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR", "/tmp/nemo-gym-collector"))
+# The state folder the script uses: NEMO_GYM_COLLECTOR_DIR (from the working directory when
+# relative), else its per-user default.
+DEFAULT_STATE_DIR = Path(f"/tmp/nemo-gym-collector-{os.getuid()}")
+STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR") or DEFAULT_STATE_DIR).resolve()
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ SECTIONS: dict[str, Section] = {
     "nemo_gym_server": Section(
         "needs NeMo Gym's server_utils (.venv-nemo-gym-server, from "
         "scripts/nemo-gym-server-env.sh); run: .venv-nemo-gym-server/bin/python -m pytest "
-        "-m nemo_gym_server tests/test_nemo_gym_server_client.py",
+        "-m nemo_gym_server tests/test_nemo_gym_server_client.py tests/test_server_venvs_config.py",
         _importable("nemo_gym.server_utils", "bash scripts/nemo-gym-server-env.sh"),
     ),
 }

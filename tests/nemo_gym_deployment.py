@@ -216,7 +216,8 @@ def _collector() -> Iterator[dict[str, str]]:
     # A collector of our own, its state outside the deployment's folder: end_by_pid() ends
     # whatever names that folder, and the collector must outlive the deployment.
     state = Path(tempfile.mkdtemp(prefix="ngc-", dir="/tmp"))
-    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state))
+    # Free ports: the standard ones are left to the user's (or CI's shared) collector.
+    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state), NEMO_GYM_COLLECTOR_PORTS="0,0,0")
     start = ROOT / "scripts" / "start-collector.sh"
     out = subprocess.run(
         ["bash", str(start)], env=env, capture_output=True, text=True, timeout=900, check=True

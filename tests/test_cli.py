@@ -261,3 +261,32 @@ def test_opentelemetry_requirements_pins_this_environment() -> None:
     assert ours == [f"-e {root}"] or ours == [
         f"opentelemetry-instrumentation-nemo-gym=={__version__}"
     ]
+
+
+def test_opentelemetry_requirements_checkout_path_with_a_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A distribution installed from a folder whose path has a space goes in by that path."""
+    from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
+
+    checkout = tmp_path / "my checkout é"
+    checkout.mkdir()
+    site = tmp_path / "site"
+    for name, editable in (
+        ("opentelemetry_spaced_editable", True),
+        ("opentelemetry_spaced", False),
+    ):
+        dist_info = site / f"{name}-1.0.dist-info"
+        dist_info.mkdir(parents=True)
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        # What pip records: a file:// URL, percent-encoded.
+        (dist_info / "direct_url.json").write_text(
+            json.dumps({"url": checkout.as_uri(), "dir_info": {"editable": editable}})
+        )
+    monkeypatch.syspath_prepend(str(site))
+
+    wanted = opentelemetry_requirements()
+
+    assert "%20" in checkout.as_uri()
+    assert f"-e {checkout}" in wanted
+    assert str(checkout) in wanted

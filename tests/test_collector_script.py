@@ -1,47 +1,116 @@
-"""``scripts/start-collector.sh``: idempotent start, the two lines it promises, ``--stop``.
+"""``scripts/start-collector.sh``: idempotent start, what it prints, and ``--stop`` of its own only.
 
-Runs the script with a state folder of its own, so it starts a second collector beside the
-shared one (the build is cached, so this costs a start, not a build) and stops only that one.
+Runs the script with state folders of its own, so it starts collectors beside the shared one
+(the build is cached, so this costs a start, not a build) and stops only those. They ask for
+free ports (``NEMO_GYM_COLLECTOR_PORTS=0,0,0``) or for ports the test picked, never the standard
+ones, which another run on the machine may hold or want.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from collector_support import START_COLLECTOR, http_status, read_ports
+from collector_support import (
+    DEFAULT_STATE_DIR,
+    START_COLLECTOR,
+    http_status,
+    read_ports,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
+NOBODY = 65534
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
 
-def _script(state: Path, *args: str) -> list[str]:
-    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state))
-    done = subprocess.run(
+
+def _run(
+    state: Path | str, *args: str, cwd: Path | None = None, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state), NEMO_GYM_COLLECTOR_PORTS="0,0,0")
+    env.update(settings)
+    return subprocess.run(
         ["bash", str(START_COLLECTOR), *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=900,  # a first build on a fresh machine takes minutes
+        check=False,
     )
+
+
+def _script(state: Path | str, *args: str, cwd: Path | None = None, **settings: str) -> list[str]:
+    done = _run(state, *args, cwd=cwd, **settings)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
-def test_start_collector_is_idempotent_and_stops_by_pid(tmp_path: Path) -> None:
+def _endpoints(lines: list[str]) -> tuple[str, str]:
+    """The Prometheus and OTLP/HTTP endpoints of the script's last two lines."""
+    assert re.fullmatch(r"COLLECTOR_PROMETHEUS=http://127\.0\.0\.1:\d+/metrics", lines[-2])
+    assert re.fullmatch(r"OTEL_EXPORTER_OTLP_ENDPOINT=http://127\.0\.0\.1:\d+", lines[-1])
+    return lines[-2].split("=", 1)[1], lines[-1].split("=", 1)[1]
+
+
+def _build_cache() -> Path:
+    """The folder the script builds into (the shared collector's start built it there)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache = os.environ.get("NEMO_GYM_COLLECTOR_CACHE") or default / "nemo-gym-otel" / "collector"
+    return Path(cache).resolve()
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def _answers(prometheus: str, otlp: str) -> bool:
+    return http_status(prometheus) == 200 and http_status(otlp + "/v1/metrics") == 405
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.fixture
+def stopped_afterwards() -> Iterator[list[Path]]:
+    """State folders whose collectors are stopped (by the script, by PID) when the test ends."""
+    states: list[Path] = []
+    yield states
+    for state in states:
+        _run(state, "--stop")
+
+
+def test_start_collector_is_idempotent_and_stops_by_pid(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
     """A second start reuses the running collector; --stop ends exactly the recorded PID."""
     state = tmp_path / "collector"
+    stopped_afterwards.append(state)
     first = _script(state)
-    assert re.fullmatch(r"COLLECTOR_PROMETHEUS=http://127\.0\.0\.1:\d+/metrics", first[-2])
-    assert re.fullmatch(r"OTEL_EXPORTER_OTLP_ENDPOINT=http://127\.0\.0\.1:\d+", first[-1])
     pid = int((state / "collector.pid").read_text())
-    prometheus = first[-2].split("=", 1)[1]
-    otlp = first[-1].split("=", 1)[1]
-    assert http_status(prometheus) == 200
-    assert http_status(otlp + "/v1/metrics") == 405
+    prometheus, otlp = _endpoints(first)
+    assert _answers(prometheus, otlp)
     assert read_ports(state)["COLLECTOR_PROMETHEUS"] == prometheus
 
     second = _script(state)
@@ -49,13 +118,211 @@ def test_start_collector_is_idempotent_and_stops_by_pid(tmp_path: Path) -> None:
     assert int((state / "collector.pid").read_text()) == pid
 
     _script(state, "--stop")
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in _status(pid)
+    assert not _running(pid)
     assert http_status(prometheus) == 0
     assert not (state / "collector.pid").exists()
 
 
-def _status(pid: int) -> str:
+def test_start_collector_stop_spares_a_process_naming_the_collector(tmp_path: Path) -> None:
+    """--stop leaves alone a process whose command line merely contains nemo-gym-otelcol."""
+    state = tmp_path / "collector"
+    state.mkdir(mode=0o700)
+    # A `pgrep -f nemo-gym-otelcol` loop, say: it ends when its stdin closes.
+    decoy = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "nemo-gym-otelcol"],
+        stdin=subprocess.PIPE,
+    )
     try:
-        return Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return "zombie"
+        (state / "collector.pid").write_text(f"{decoy.pid}\n")
+
+        done = _run(state, "--stop")
+
+        assert done.returncode == 0, done.stderr
+        assert "no collector started from" in done.stderr
+        assert decoy.poll() is None
+    finally:
+        assert decoy.stdin is not None
+        decoy.stdin.close()
+        decoy.wait(timeout=10)
+
+
+def test_start_collector_spares_another_state_folders_collector(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """A state folder whose PID file names another's collector neither stops nor reuses it."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    stopped_afterwards.extend([first, second])
+    prometheus, otlp = _endpoints(_script(first))
+    pid = int((first / "collector.pid").read_text())
+    second.mkdir(mode=0o700)
+    for name in ("collector.pid", "collector.identity", "ports.env"):
+        (second / name).write_bytes((first / name).read_bytes())
+
+    stop = _run(second, "--stop")
+
+    assert stop.returncode == 0, stop.stderr
+    assert "no collector started from" in stop.stderr
+    assert _running(pid)
+    assert _answers(prometheus, otlp)
+
+    own_prometheus, own_otlp = _endpoints(_script(second))
+
+    assert int((second / "collector.pid").read_text()) != pid
+    assert (own_prometheus, own_otlp) != (prometheus, otlp)
+    assert _answers(own_prometheus, own_otlp)
+    assert _running(pid)
+    assert _answers(prometheus, otlp)
+
+
+def test_start_collector_symlinked_cache_keeps_a_healthy_collector(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """A build cache reached through a symlink does not restart a collector that answers."""
+    link = tmp_path / "cache-link"
+    link.symlink_to(_build_cache())
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+
+    first = _script(state, NEMO_GYM_COLLECTOR_CACHE=str(link))
+    pid = int((state / "collector.pid").read_text())
+    second = _script(state, NEMO_GYM_COLLECTOR_CACHE=str(link))
+
+    assert second[-2:] == first[-2:]
+    assert int((state / "collector.pid").read_text()) == pid
+    assert _answers(*_endpoints(second))
+
+
+def test_start_collector_relative_state_and_cache_from_the_callers_folder(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """Relative NEMO_GYM_COLLECTOR_DIR and _CACHE are taken from the caller's working directory."""
+    (tmp_path / "cache").symlink_to(_build_cache())
+    stopped_afterwards.append(tmp_path / "state")
+
+    first = _script("state", cwd=tmp_path, NEMO_GYM_COLLECTOR_CACHE="cache")
+    pid = int((tmp_path / "state" / "collector.pid").read_text())
+    second = _script("state", cwd=tmp_path, NEMO_GYM_COLLECTOR_CACHE="cache")
+
+    assert _answers(*_endpoints(first))
+    assert second[-2:] == first[-2:]
+    assert int((tmp_path / "state" / "collector.pid").read_text()) == pid
+    assert f"file:{tmp_path / 'state' / 'config.yaml'}" in Path(f"/proc/{pid}/cmdline").read_text()
+    _script("state", "--stop", cwd=tmp_path)
+    assert not _running(pid)
+
+
+def test_start_collector_default_state_folder_is_per_user(tmp_path: Path) -> None:
+    """Without NEMO_GYM_COLLECTOR_DIR each user has a state folder of their own."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM")}
+    # Another user's --stop: it looks in that user's folder, never in this one's. The script
+    # goes in on stdin, as this checkout's folders need not be readable by that user.
+    with START_COLLECTOR.open() as script:
+        done = subprocess.run(
+            [*AS_NOBODY, "bash", "-s", "--", "--stop"],
+            stdin=script,
+            env=dict(env, HOME="/"),
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert done.returncode == 0, done.stderr
+    assert f"/tmp/nemo-gym-collector-{NOBODY}" in done.stderr
+    assert Path(f"/tmp/nemo-gym-collector-{os.getuid()}") == DEFAULT_STATE_DIR
+
+
+def test_start_collector_refuses_a_state_folder_of_another_user(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """A state folder that belongs to another user is refused, naming it, before anything runs."""
+    state = tmp_path / "theirs"
+    stopped_afterwards.append(state)
+    state.mkdir()
+    os.chown(state, NOBODY, NOBODY)
+
+    done = _run(state)
+
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert f"the state folder {state} belongs to uid {NOBODY}" in done.stderr
+    assert not (state / "collector.pid").exists()
+
+
+def test_start_collector_preferred_ports_when_free_else_free_ones(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """It listens on the ports asked for when free, says so, and takes free ones for those taken."""
+    http, grpc, prom = _free_ports(3)
+    preferred = f"{http},{grpc},{prom}"
+    first, second = tmp_path / "first", tmp_path / "second"
+    stopped_afterwards.extend([first, second])
+
+    started = _run(first, NEMO_GYM_COLLECTOR_PORTS=preferred)
+
+    assert started.returncode == 0, started.stderr
+    assert _endpoints(started.stdout.splitlines()) == (
+        f"http://127.0.0.1:{prom}/metrics",
+        f"http://127.0.0.1:{http}",
+    )
+    assert f"OTLP/HTTP on its standard port {http}" in started.stderr
+    assert f"OTLP/gRPC on its standard port {grpc}" in started.stderr
+    assert f"Prometheus exporter on its standard port {prom}" in started.stderr
+    with socket.create_connection(("127.0.0.1", grpc), timeout=5):
+        pass  # the gRPC receiver listens there too
+
+    # The first collector holds all three now: the second takes free ones, and says so.
+    fallback = _run(second, NEMO_GYM_COLLECTOR_PORTS=preferred)
+
+    assert fallback.returncode == 0, fallback.stderr
+    prometheus, otlp = _endpoints(fallback.stdout.splitlines())
+    assert _answers(prometheus, otlp)
+    assert f":{http}" not in otlp
+    assert f":{prom}/" not in prometheus
+    assert f"OTLP/HTTP: port {http} is taken; on free port " in fallback.stderr
+    assert f"Prometheus exporter: port {prom} is taken; on free port " in fallback.stderr
+
+
+def test_start_collector_env_prints_only_export_lines(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """--env prints export lines a shell takes as they are; the logs stay on stderr."""
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+    prometheus, otlp = _endpoints(_script(state))
+
+    done = _run(state, "--env")
+    take = 'eval "$1" && echo "$OTEL_EXPORTER_OTLP_ENDPOINT $COLLECTOR_PROMETHEUS"'
+    shell = subprocess.run(
+        ["bash", "-c", take, "-", done.stdout],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"export OTEL_EXPORTER_OTLP_ENDPOINT={otlp}",
+        "export OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+        f"export COLLECTOR_PROMETHEUS={prometheus}",
+    ]
+    assert "start-collector: " in done.stderr
+    assert shell.stdout == f"{otlp} {prometheus}\n"
+
+
+@pytest.mark.parametrize("ports", ["4318", "4318,4317,nope", "4318,4317,70000"])
+def test_start_collector_malformed_ports_exit_2(
+    tmp_path: Path, stopped_afterwards: list[Path], ports: str
+) -> None:
+    """A malformed NEMO_GYM_COLLECTOR_PORTS is refused with its value, and nothing starts."""
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+
+    done = _run(state, NEMO_GYM_COLLECTOR_PORTS=ports)
+
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert f"NEMO_GYM_COLLECTOR_PORTS={ports}: " in done.stderr
+    assert not (state / "collector.pid").exists()

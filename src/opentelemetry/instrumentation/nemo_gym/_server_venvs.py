@@ -26,6 +26,8 @@ import os
 import shlex
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +78,8 @@ def _requirement(dist: importlib.metadata.Distribution, name: str) -> str:
     if isinstance(direct, dict):
         url = direct.get("url", "")
         if isinstance(url, str) and url.startswith("file://"):
-            path = url[len("file://") :]
+            # A URL: a checkout at "/work/my checkout" is recorded as "file:///work/my%20checkout".
+            path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
             editable = bool((direct.get("dir_info") or {}).get("editable"))
             return f"-e {path}" if editable else path
     return f"{name}=={dist.version}"
@@ -112,10 +115,22 @@ def server_venvs(argv: Sequence[str]) -> list[ServerVenv]:
     global_config = _nemo_gym("nemo_gym.global_config")
     setup_command = _nemo_gym("nemo_gym.cli.setup_command")
     env_cli = _nemo_gym("nemo_gym.cli.env")
+    config_types = _nemo_gym("nemo_gym.config_types")
+    overrides = gym_overrides(argv)
+    _check_override_grammar(overrides)
     saved = sys.argv
-    sys.argv = [saved[0], *gym_overrides(argv)]
+    sys.argv = [saved[0], *overrides]
     try:
         config = global_config.get_global_config_dict()
+    except (config_types.ConfigError, OSError) as error:
+        # A missing or malformed --config file: NeMo Gym's own message (it names the file and
+        # the problem, over several lines), as one line and bad input rather than a traceback.
+        raise ValueError(_one_line(error)) from error
+    except SystemExit as stopped:
+        # Hydra reports what it refuses itself, then exits 1 (the status of a FAILED server).
+        raise ValueError(
+            f"NeMo Gym's configuration parser stopped (exit {stopped.code}); its message is above"
+        ) from stopped
     finally:
         sys.argv = saved
     venvs: dict[Path, ServerVenv] = {}
@@ -136,6 +151,25 @@ def server_venvs(argv: Sequence[str]) -> list[ServerVenv]:
     return list(venvs.values())
 
 
+def _check_override_grammar(overrides: Sequence[str]) -> None:
+    """Hydra's own grammar check of ``key=value`` overrides, so that a malformed one is a line
+    naming it (under Hydra's parser it would print several lines and exit 1)."""
+    overrides_parser = _nemo_gym("hydra.core.override_parser.overrides_parser")
+    hydra_errors = _nemo_gym("hydra.errors")
+    try:
+        overrides_parser.OverridesParser.create().parse_overrides(list(overrides))
+    except hydra_errors.OverrideParseException as error:
+        problem = str(error.message).splitlines()[0]
+        raise ValueError(f"not a valid override: {error.override}: {problem}") from error
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror or error}"
+    lines = (line.strip().removeprefix("- ").strip() for line in str(error).splitlines())
+    return " ".join(line for line in lines if line)
+
+
 def _environment(config_uv_cache: str | None) -> dict[str, str]:
     env = dict(os.environ)
     # NeMo Gym asks uv for this interpreter's exact version; uv does not build a virtualenv on
@@ -151,13 +185,15 @@ def prepare(argv: Sequence[str], *, requirements: Sequence[str] | None = None) -
     """Build every server virtualenv of ``gym env start <argv>`` with OpenTelemetry in it.
 
     Prints one line per server; returns 0 when every server interpreter imports the plugin,
-    1 otherwise (the failing server's output is shown above its line).
+    1 otherwise (the failing server's output is shown above its line). Raises ``ValueError``
+    (one line naming the file or argument and the problem) on bad input: a missing or
+    malformed configuration file, an argument ``gym env start`` does not take, a
+    configuration without servers; ``RuntimeError`` without NeMo Gym here.
     """
     wanted = list(requirements) if requirements is not None else opentelemetry_requirements()
     venvs = server_venvs(argv)
     if not venvs:
-        print("nemo-gym-otel server-venvs: no servers in this configuration", file=sys.stderr)
-        return 1
+        raise ValueError("no servers in this configuration")
     env = _environment(os.environ.get("UV_CACHE_DIR"))
     install = " ".join(shlex.quote(token) for token in _split(wanted))
     failed = 0
@@ -200,7 +236,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
             "installation, plus the OpenTelemetry packages of this environment (same "
             "versions). Takes the arguments of `gym env start`; start it afterwards with the "
             "same arguments and +skip_venv_if_present=true. Exit status 0 when every server "
-            "can load the plugin, 1 otherwise."
+            "can load the plugin, 1 when a server failed (its output is shown above its line), "
+            "2 on bad input (a missing or malformed configuration file, an argument that "
+            "`gym env start` does not take, no servers, no nemo-gym in this environment)."
         ),
     )
     parser.add_argument(

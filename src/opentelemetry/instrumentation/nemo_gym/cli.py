@@ -7,7 +7,9 @@ mismatch between intended demand and capacity, and 2 on bad input (with the reas
 the flag as typed). ``--json`` prints one JSON object instead, for scripts.
 
 ``nemo-gym-otel server-venvs <gym env start arguments>`` builds the virtualenvs ``gym env
-start`` runs its servers in, with OpenTelemetry and this plugin in each (``_server_venvs``).
+start`` runs its servers in, with OpenTelemetry and this plugin in each (``_server_venvs``),
+and exits 0 when every server is ready, 1 when a server failed, and 2 on bad input (one line
+naming the file or argument and the problem).
 """
 
 from __future__ import annotations
