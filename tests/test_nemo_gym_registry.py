@@ -113,6 +113,20 @@ async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_p
     assert (await sandbox.status()).value == "stopped"
 
 
+@pytest.mark.nemo_gym_main
+async def test_async_sandbox_otel_process_ports_without_endpoint(tmp_path: Path) -> None:
+    """A NeMo Gym main spec declaring ports starts a process sandbox (its ports ignored, as
+    NeMo Gym's own apptainer does), and asking for an endpoint raises NeMo Gym's error."""
+    nemo_gym = nemo_gym_main()
+    spec = nemo_gym.SandboxSpec(ports=[8080])
+    config = {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}
+    async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
+        await sandbox.start()
+        assert (await sandbox.exec("echo up")).stdout == "up\n"
+        with pytest.raises(NotImplementedError, match="'process' does not support service"):
+            await sandbox.endpoint(8080)
+
+
 async def test_process_provider_nemo_gym_objects(nemo_gym: ModuleType, tmp_path: Path) -> None:
     """NeMo Gym's SandboxSpec with its SandboxResources, and its SandboxHandle rebuilt from the
     id, work with the process provider as ours do."""
