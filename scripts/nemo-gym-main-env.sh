@@ -57,6 +57,7 @@ if [ ! -f "$base_dir/complete" ]; then
     mkdir -p "$src"
     tar -xzf "$requirement" -C "$src"
     SETUPTOOLS_SCM_PRETEND_VERSION=0.5.1 "$base/bin/python" -m pip install "${pip_flags[@]}" "$src" -e '.[test]'
+    rm -rf "$src"
   else
     "$base/bin/python" -m pip install "${pip_flags[@]}" "$requirement" -e '.[test]'
   fi
@@ -74,6 +75,26 @@ if [ "$(cat "$venv/nemo-gym-main-base" 2>/dev/null)" != "$base" ]; then
   base_site="$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
   # addsitedir, not a bare path: the shared site-packages' own .pth files are read too.
   echo "import site; site.addsitedir('$base_site')" >"$site/nemo_gym_main_base.pth"
+  # The shared virtualenv's console scripts (opentelemetry-instrument, gym, ray, ...) run its
+  # own interpreter, which does not see this checkout: write them again for this one.
+  "$venv/bin/python" - "$venv/bin" <<'PY'
+import importlib.metadata
+import os
+import sys
+
+bin_dir = sys.argv[1]
+for entry in importlib.metadata.entry_points(group="console_scripts"):
+    path = os.path.join(bin_dir, entry.name)
+    if os.path.exists(path):
+        continue
+    with open(path, "w") as script:
+        script.write(
+            f"#!{sys.executable}\nimport sys\n"
+            f"from {entry.module} import {entry.attr.split('.')[0]}\n"
+            f"sys.exit({entry.attr}())\n"
+        )
+    os.chmod(path, 0o755)
+PY
   echo "$base" >"$venv/nemo-gym-main-base"
 fi
 # Dependencies the shared virtualenv already has are satisfied from it; what this checkout's
