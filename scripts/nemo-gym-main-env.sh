@@ -15,9 +15,15 @@
 # several checkouts share the cache without pointing it at each other. Prints $VENV last.
 set -euo pipefail
 requirement="${NEMO_GYM_MAIN_REQUIREMENT:-nemo-gym @ git+https://github.com/NVIDIA-NeMo/Gym@07d6b0d}"
-# A relative archive path means the caller's directory, not the repository root.
+archive=""
 case "$requirement" in
-  *.tgz | *.tar.gz) requirement="$(realpath -e "$requirement")" ;;
+  *.tgz | *.tar.gz)
+    # A relative archive path means the caller's directory, not the repository root.
+    archive="$(realpath -e -- "$requirement" 2>/dev/null)" || {
+      echo "NEMO_GYM_MAIN_REQUIREMENT=$requirement: no such archive" >&2
+      exit 2
+    }
+    ;;
 esac
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv-nemo-gym-main}"
@@ -30,10 +36,12 @@ if ! "$python" -c '' 2>/dev/null; then
 fi
 python="$(realpath -e "$(command -v "$python")")"
 
-case "$requirement" in
-  /*) source_id="file sha256=$(sha256sum "$requirement" | cut -d' ' -f1)" ;;
-  *) source_id="requirement=$requirement" ;;
-esac
+# An archive by its content, anything else by the requirement's text.
+if [ -n "$archive" ]; then
+  source_id="archive sha256=$(sha256sum "$archive" | cut -d' ' -f1)"
+else
+  source_id="requirement=$requirement"
+fi
 # The key: what the shared virtualenv holds. Bump recipe when the installation below changes.
 recipe=1
 key="$(echo "recipe=$recipe python=$python $("$python" -VV) $source_id" | sha256sum | cut -c1-12)"
@@ -51,11 +59,11 @@ if [ ! -f "$base_dir/complete" ]; then
   mkdir -p "$base_dir"
   "$python" -m venv "$base"
   "$base/bin/python" -m pip install "${pip_flags[@]}" --upgrade pip
-  if [ "${requirement:0:1}" = / ]; then
+  if [ -n "$archive" ]; then
     # The archive is the repository without .git: setuptools-scm is told the version.
     src="$base_dir/src"
     mkdir -p "$src"
-    tar -xzf "$requirement" -C "$src"
+    tar -xzf "$archive" -C "$src"
     SETUPTOOLS_SCM_PRETEND_VERSION=0.5.1 "$base/bin/python" -m pip install "${pip_flags[@]}" "$src" -e '.[test]'
     rm -rf "$src"
   else
