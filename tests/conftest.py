@@ -117,6 +117,13 @@ SECTIONS: dict[str, Section] = {
         "-m nemo_gym_server tests/test_nemo_gym_server_client.py tests/test_server_venvs_config.py",
         _importable("nemo_gym.server_utils", "bash scripts/nemo-gym-server-env.sh"),
     ),
+    "nemo_gym_main": Section(
+        "needs NeMo Gym's repository main (.venv-nemo-gym-main, from "
+        "scripts/nemo-gym-main-env.sh); run: .venv-nemo-gym-main/bin/python -m pytest "
+        '-m "nemo_gym or nemo_gym_main or nemo_gym_server" tests/',
+        # A module main has and 0.4.0 lacks (0.4.0's built-in providers: apptainer, opensandbox).
+        _importable("nemo_gym.sandbox.providers.docker", "bash scripts/nemo-gym-main-env.sh"),
+    ),
 }
 
 # The section of the test being run, or None: its missing services fail rather than skip.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym.cli import main
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.version import __version__
@@ -290,3 +291,40 @@ def test_opentelemetry_requirements_checkout_path_with_a_space(
     assert "%20" in checkout.as_uri()
     assert f"-e {checkout}" in wanted
     assert str(checkout) in wanted
+
+
+@pytest.mark.nemo_gym_main
+@pytest.mark.parametrize("moved", [False, True], ids=["default_root", "uv_venv_dir"])
+def test_server_venvs_on_nemo_gym_main_where_its_setup_puts_them(
+    moved: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NeMo Gym main, server-venvs reads the configuration with NeMo Gym's parser and names
+    each server's virtualenv where NeMo Gym's own rule (get_venv_path, new in main) and setup
+    command put it."""
+    nemo_gym_main()
+    from nemo_gym import global_config
+    from nemo_gym.cli.setup_command import get_venv_path
+
+    from opentelemetry.instrumentation.nemo_gym._server_venvs import server_venvs
+
+    server_dir = tmp_path / "resources_servers" / "echo"
+    (server_dir / "configs").mkdir(parents=True)
+    (server_dir / "requirements.txt").write_text("fastapi\n")
+    (server_dir / "configs" / "echo.yaml").write_text(
+        "echo_resources:\n  resources_servers:\n    echo:\n      entrypoint: app.py\n"
+        "      domain: other\n"
+    )
+    monkeypatch.chdir(tmp_path)  # NeMo Gym looks for a local server under the cwd first
+    monkeypatch.setattr(global_config, "_GLOBAL_CONFIG_DICT", None)  # read once per process
+    args = ["--config", "resources_servers/echo/configs/echo.yaml"]
+    if moved:
+        args.append(f"+uv_venv_dir={tmp_path / 'venvs'}")
+    (found,) = server_venvs(args)
+    config = global_config.get_global_config_dict()  # the one server_venvs read
+    assert (found.server, found.server_dir) == ("echo_resources", server_dir)
+    assert found.venv == get_venv_path(server_dir, config)
+    assert f"--allow-existing --python {config['python_version']} {found.venv} " in (
+        found.setup_command
+    )
+    if moved:
+        assert found.venv == tmp_path / "venvs" / "resources_servers" / "echo" / ".venv"

@@ -2,13 +2,15 @@
 a provider shutdown by somebody else still exports our buffered waits.
 
 NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``, its own
-``QueueTimedTCPConnector`` subclass, the same capacity-report words) is not in the NeMo Gym
-release installable here, so ``StandIn`` plays it: a module registered under its name, with a
-connector subclass that times waits on ``nemo.lens`` and a capacity report in our words.
+``QueueTimedTCPConnector`` subclass, the same capacity-report words) is neither in nemo-gym
+0.4.0 nor in NeMo Gym main at 07d6b0d (a ``nemo_gym_main`` test says so), so ``StandIn`` plays
+it: a module registered under its name, with a connector subclass that times waits on
+``nemo.lens`` and a capacity report in our words.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 import types
@@ -35,6 +37,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import GatedServerFactory, through_pool
+from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
@@ -56,6 +59,8 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     build_connection_pool_connector,
     connection_pool_capacity,
 )
+
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
 NEMO_LENS = "nemo.lens"
 NEMO_GYM_POOL_MODULE = "nemo_gym.telemetry.connection_pool"  # NeMo Gym's page-004 module
@@ -280,3 +285,11 @@ async def test_nemo_gym_sandbox_spans_enclose_ours_with_one_identity(
     assert identity(start) == identity(create) == identity(gym_exec) == identity(ours_in_gym)
     assert identity(start)[SANDBOX_ID] == handle.sandbox_id
     assert identity(one(spans, "work")) == {REQUEST_ID: None, PROVIDER: None, SANDBOX_ID: None}
+
+
+@pytest.mark.nemo_gym_main
+def test_nemo_gym_main_has_no_pool_telemetry_of_its_own() -> None:
+    """NeMo Gym main still has no page-004 module: the stand-in remains what coexistence is
+    tested against (this fails the day a NeMo Gym update brings the real one)."""
+    nemo_gym_main()
+    assert importlib.util.find_spec("nemo_gym.telemetry") is None

@@ -46,6 +46,8 @@ from test_docker_provider import (  # the engine checks of the Docker provider's
     engine_ready,  # noqa: F401 - a fixture, used by name
 )
 
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
+
 
 @pytest.fixture
 def nemo_gym() -> ModuleType:

@@ -20,6 +20,8 @@ import wrapt
 from nemo_gym_support import nemo_gym_sandbox
 from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
 
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_support import nemo_gym_sandbox
+from nemo_gym_support import nemo_gym_main, nemo_gym_sandbox
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxResources,
     SandboxSpec,
@@ -37,7 +37,9 @@ from test_docker_provider import (  # the engine checks of the Docker provider's
     engine_ready,  # noqa: F401 - a fixture, used by name
 )
 
-# NeMo Gym's built-in provider names in 0.4.0 and those announced for later releases.
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
+
+# NeMo Gym's built-in provider names: 0.4.0 has apptainer and opensandbox, main all seven.
 NEMO_GYM_BUILT_INS = {
     "apptainer",
     "opensandbox",
@@ -78,6 +80,19 @@ def test_list_providers_names_ours_clear_of_built_ins(nemo_gym: ModuleType) -> N
         assert nemo_gym.get_provider_class(name) is cls
 
 
+@pytest.mark.nemo_gym_main
+def test_nemo_gym_main_built_ins_are_the_ones_ours_avoid() -> None:
+    """NeMo Gym main's built-in providers are exactly the names ours keep clear of, and each
+    name still resolves to NeMo Gym's own class, ours to ours."""
+    nemo_gym = nemo_gym_main()
+    registry = importlib.import_module("nemo_gym.sandbox.providers.registry")
+    assert set(registry._BUILTIN_PROVIDER_LOADERS) == NEMO_GYM_BUILT_INS
+    assert NEMO_GYM_BUILT_INS | set(OURS) <= set(nemo_gym.list_providers())
+    assert nemo_gym.get_provider_class("docker").__module__.startswith("nemo_gym.sandbox.")
+    for name, cls in OURS.items():
+        assert nemo_gym.get_provider_class(name) is cls
+
+
 async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_path: Path) -> None:
     """AsyncSandbox picks the process provider by its registry name and runs a command, with
     files uploaded by NeMo Gym and a download back."""
@@ -96,6 +111,20 @@ async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_p
         assert (await sandbox.status()).value == "running"
     assert (tmp_path / "back.txt").read_text() == "hello"
     assert (await sandbox.status()).value == "stopped"
+
+
+@pytest.mark.nemo_gym_main
+async def test_async_sandbox_otel_process_ports_without_endpoint(tmp_path: Path) -> None:
+    """A NeMo Gym main spec declaring ports starts a process sandbox (its ports ignored, as
+    NeMo Gym's own apptainer does), and asking for an endpoint raises NeMo Gym's error."""
+    nemo_gym = nemo_gym_main()
+    spec = nemo_gym.SandboxSpec(ports=[8080])
+    config = {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}
+    async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
+        await sandbox.start()
+        assert (await sandbox.exec("echo up")).stdout == "up\n"
+        with pytest.raises(NotImplementedError, match="'process' does not support service"):
+            await sandbox.endpoint(8080)
 
 
 async def test_process_provider_nemo_gym_objects(nemo_gym: ModuleType, tmp_path: Path) -> None:

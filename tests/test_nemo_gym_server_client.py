@@ -1,10 +1,11 @@
 """NeMo Gym's global aiohttp client and ``ServerClient``, labelled by target server.
 
 These tests import ``nemo_gym.server_utils``, which needs NeMo Gym's heavy stack (ray,
-fastapi, wandb, ...). They run in their own virtualenv, built by
-``scripts/nemo-gym-server-env.sh``: marked ``nemo_gym_server``, which the main suite leaves
-out (``SECTIONS`` in ``conftest.py``), they run in ``.ci/run``'s own section with
-``-m nemo_gym_server``, where a ``server_utils`` that does not import fails them.
+fastapi, wandb, ...). They run in their own virtualenvs: 0.4.0's, built by
+``scripts/nemo-gym-server-env.sh``, and NeMo Gym main's, built by
+``scripts/nemo-gym-main-env.sh``. Marked ``nemo_gym_server``, which the main suite leaves out
+(``SECTIONS`` in ``conftest.py``), they run in ``.ci/run``'s sections with ``-m``, where a
+``server_utils`` that does not import fails them.
 
 Real loopback servers (127.0.0.1 and 127.0.0.2) hold each request until the test releases it,
 so a queued wait is produced deterministically: one request holds the only per-host slot,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -23,7 +25,9 @@ from aiohttp import web
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from conftest import connect_counts
 from conftest import queued as waiting_for_a_slot
+from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
@@ -43,22 +47,33 @@ with contextlib.suppress(ImportError):
     from nemo_gym.config_types import BaseServerConfig
     from omegaconf import OmegaConf
 
-pytestmark = pytest.mark.nemo_gym_server
+# Also run on NeMo Gym main, whose virtualenv has server_utils' stack.
+pytestmark = [pytest.mark.nemo_gym_server, pytest.mark.nemo_gym]
 
 
 class HeldServer:
-    """A loopback aiohttp server whose requests wait until ``release()``."""
+    """A loopback aiohttp server whose requests wait until ``release()`` (``/stream``: its
+    headers at once, its body then)."""
 
     def __init__(self, host: str) -> None:
         self.host = host
         self.in_flight = 0
+        self.paths: list[str] = []
         self.released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.port = 0
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.paths.append(request.path)
         self.in_flight += 1
         try:
+            if request.path == "/stream":
+                streamed = web.StreamResponse()
+                await streamed.prepare(request)
+                await self.released.wait()
+                await streamed.write(b"ok")
+                await streamed.write_eof()
+                return streamed
             await self.released.wait()
             return web.Response(text="ok")
         finally:
@@ -240,3 +255,59 @@ def test_capacity_workers_from_nemo_gym_when_unset(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_WORKERS")
     monkeypatch.setenv("NEMO_GYM_FASTAPI_NUM_WORKERS", "0")
     assert _nemo_gym_server.capacity_workers() == 1
+
+
+@pytest.mark.nemo_gym_main
+async def test_global_client_keeps_nemo_gym_mains_socket_options(
+    servers: dict[str, HeldServer], instrumented: NemoGymInstrumentor
+) -> None:
+    """NeMo Gym main builds its global connector with a socket factory (TCP keepalive); our
+    timed connector in its place opens its sockets with exactly those options."""
+    nemo_gym_main()
+    config = server_utils.GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_tcp_keepalive_idle_seconds=61,
+        global_aiohttp_tcp_keepalive_interval_seconds=11,
+        global_aiohttp_tcp_keepalive_probes=4,
+    )
+    session = server_utils.set_global_aiohttp_client(config)
+    server = servers["policy_model"]
+    try:
+        assert isinstance(session.connector, QueueTimedTCPConnector)
+        async with session.get(f"http://{server.host}:{server.port}/stream") as response:
+            # The body is held back, so the connection is still the response's.
+            assert response.connection is not None
+            transport = response.connection.transport
+            assert transport is not None
+            sock = transport.get_extra_info("socket")
+            options = [
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ]
+            server.release()
+            assert await response.text() == "ok"
+    finally:
+        await session.close()
+        server_utils._GLOBAL_AIOHTTP_CLIENT = None
+    assert options == [1, 61, 11, 4]
+
+
+@pytest.mark.nemo_gym_main
+async def test_server_client_rollout_path_labelled_by_server(
+    servers: dict[str, HeldServer], global_client: Any, metric_reader: InMemoryMetricReader
+) -> None:
+    """With NeMo Gym main's rollout observability on, ServerClient prefixes a resources
+    server's path with the rollout; the request is still labelled by the server's name."""
+    nemo_gym_main()
+    from nemo_gym.rollout_correlation import rollout_context
+
+    client = server_client(servers)
+    client.global_config_dict["observability_enabled"] = True
+    server = servers["math_resources"]
+    server.release()
+    with rollout_context("r-1"):
+        response = await client.post("math_resources", "/verify", json={})
+    assert await response.text() == "ok"
+    assert server.paths == ["/ng-rollout/r-1/verify"]
+    assert connect_counts(metric_reader) == {"math_resources": 1}

@@ -54,6 +54,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     sandbox_scope,
 )
 
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

@@ -1,10 +1,12 @@
 """A traced provider has exactly its provider's optional capabilities, and traces their calls.
 
-The protocols here have the shape of NeMo Gym's newer runtime-checkable capability protocols
-(an endpoint, PTY sessions, re-attaching them, serialize and connect); they are our own, as
-NeMo Gym's newer code is not installable here. The providers are the real process provider
-with capability methods added: its sandboxes live in a dictionary that two provider objects
-can share, standing in for an external control plane that ``connect`` reaches by id.
+The protocols here have the shape of NeMo Gym main's runtime-checkable capability protocols
+(an endpoint, PTY sessions, re-attaching them, serialize and connect); they are our own, so
+that the main suite runs them against nemo-gym 0.4.0, which has none. On NeMo Gym main the
+``nemo_gym_main`` tests check them against NeMo Gym's own, its built-in providers, and its
+``AsyncSandbox`` using each capability through our wrapper. The providers are the real process
+provider with capability methods added: its sandboxes live in a dictionary that two provider
+objects can share, standing in for an external control plane that ``connect`` reaches by id.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from nemo_gym_support import nemo_gym_sandbox
+from nemo_gym_support import nemo_gym_main, nemo_gym_sandbox
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
@@ -39,6 +41,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     sandbox_identity,
     traced_provider,
 )
+
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
 REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
 
@@ -96,6 +100,13 @@ class HasResourceRead(Protocol):
 
 
 PROTOCOLS = (SupportsEndpoint, SupportsPty, SupportsPtyAttach, Connectable, HasResourceRead)
+# NeMo Gym main's name for each protocol above that it has (``nemo_gym.sandbox``).
+NEMO_GYM_PROTOCOLS = {
+    SupportsEndpoint: "SupportsSandboxEndpoint",
+    SupportsPty: "SupportsSandboxPty",
+    SupportsPtyAttach: "SupportsSandboxPtyAttach",
+    Connectable: "ConnectableProvider",
+}
 
 
 # --- providers with some of the capabilities -------------------------------------------------
@@ -432,3 +443,131 @@ async def test_instrumented_nemo_gym_provider_keeps_its_capabilities(
     (span,) = spans(span_exporter, "sandbox.endpoint")
     assert identity(span)[SANDBOX_ID] == handle.sandbox_id
     assert identity(span)[PROVIDER] == "process"
+
+
+# --- NeMo Gym main: its own protocols, its built-in providers, its AsyncSandbox ---------------
+
+
+@pytest.mark.nemo_gym_main
+@pytest.mark.parametrize("cls", PROVIDER_CLASSES, ids=lambda cls: cls.__name__)
+async def test_stand_in_protocols_answer_as_nemo_gym_mains(
+    cls: type[ProcessSandboxProvider], state: SandboxState
+) -> None:
+    """Each stand-in protocol answers as NeMo Gym main's own, for a provider and its wrapper."""
+    nemo_gym = nemo_gym_main()
+    provider = build(cls)
+    try:
+        traced = traced_provider(provider, state)
+        for ours, name in NEMO_GYM_PROTOCOLS.items():
+            theirs = getattr(nemo_gym, name)
+            assert isinstance(provider, theirs) is isinstance(provider, ours), name
+            assert isinstance(traced, theirs) is isinstance(provider, ours), name
+    finally:
+        await provider.aclose()
+
+
+# NeMo Gym main's built-in providers that can be built here (apptainer and enroot need their
+# binaries, openshell its SDK), with the capabilities each has at commit 07d6b0d.
+MAIN_BUILT_IN_CAPABILITIES = {
+    "docker": {"SupportsSandboxEndpoint"},
+    "opensandbox": set(NEMO_GYM_PROTOCOLS.values()),
+    "daytona": set(),
+    "ecs_fargate": set(),
+}
+
+
+@pytest.mark.nemo_gym_main
+@pytest.mark.parametrize("name", sorted(MAIN_BUILT_IN_CAPABILITIES))
+async def test_instrumented_nemo_gym_built_in_keeps_its_capabilities(
+    name: str, tracer_provider: TracerProvider
+) -> None:
+    """A built-in provider NeMo Gym main builds under instrument() is traced and keeps exactly
+    the capabilities it has unwrapped."""
+    nemo_gym = nemo_gym_main()
+    protocols = {protocol: getattr(nemo_gym, protocol) for protocol in NEMO_GYM_PROTOCOLS.values()}
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, connection_pool=False)
+    try:
+        provider = nemo_gym.create_provider({name: {}})
+    finally:
+        instrumentor.uninstrument()
+    try:
+        assert isinstance(provider, TracedSandboxProvider)
+        assert type(provider.wrapped) is nemo_gym.get_provider_class(name)
+        traced = {found for found, protocol in protocols.items() if isinstance(provider, protocol)}
+        unwrapped = {
+            found for found, protocol in protocols.items() if isinstance(provider.wrapped, protocol)
+        }
+        assert traced == unwrapped == MAIN_BUILT_IN_CAPABILITIES[name]
+    finally:
+        await provider.wrapped.aclose()
+
+
+@pytest.mark.nemo_gym_main
+async def test_nemo_gym_main_async_sandbox_uses_every_capability_traced(
+    tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter
+) -> None:
+    """NeMo Gym main's AsyncSandbox reaches an endpoint, PTY sessions, serialize and connect
+    through the traced provider, gets the provider's own objects, and each call is a span
+    with the sandbox identity (the descriptor's lease recorded nowhere)."""
+    nemo_gym = nemo_gym_main()
+    control_plane: dict[str, Any] = {}
+
+    class MainCapable(WithConnect):
+        """Every capability; endpoints as NeMo Gym's SandboxEndpoint, which AsyncSandbox
+        checks for."""
+
+        def __init__(self) -> None:
+            super().__init__(control_plane)
+
+        async def endpoint(self, handle: SandboxHandle, port: int) -> Any:
+            self._open(handle)
+            found = nemo_gym.SandboxEndpoint(f"http://127.0.0.1:{port}", {"x-route": "r"})
+            return self.calls.note("endpoint", (handle, port), {}, found)
+
+    name = f"test_{uuid.uuid4().hex[:12]}"  # NeMo Gym's registry has no removal
+    nemo_gym.register_provider(name, MainCapable)
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, connection_pool=False)
+    try:
+        sandbox = nemo_gym.AsyncSandbox({name: {}}, nemo_gym.SandboxSpec(ports=[8080]))
+        async with sandbox:
+            await sandbox.start()
+            endpoint = await sandbox.endpoint(8080)
+            session = await sandbox.pty.create("sh")
+            attached = await sandbox.pty.attach("s-1", takeover=False, since=0)
+            descriptor = await sandbox.serialize(scope="operate")
+            connecting = nemo_gym.create_provider({name: {}})
+            async with await nemo_gym.AsyncSandbox.connect(
+                descriptor, provider=connecting
+            ) as connected:
+                result = await connected.exec("echo connected")
+    finally:
+        instrumentor.uninstrument()
+    assert isinstance(sandbox._provider, TracedSandboxProvider)
+    assert isinstance(connecting, TracedSandboxProvider)
+    assert result.stdout == "connected\n"
+    seen = sandbox._provider.wrapped.calls.seen
+    assert [method for method, *_ in seen] == [
+        "endpoint",
+        "create_pty",
+        "attach_pty",
+        "serialize_handle",
+    ]
+    for mine, (_, _, _, theirs) in zip([endpoint, session, attached], seen[:3], strict=True):
+        assert mine is theirs
+    assert descriptor["lease"] == "do-not-record"
+    (created,) = spans(span_exporter, "sandbox.create")
+    sandbox_id = identity(created)[SANDBOX_ID]
+    assert descriptor["sandbox_id"] == sandbox_id
+    names = ["sandbox.endpoint", "sandbox.pty.create", "sandbox.pty.attach", "sandbox.serialize"]
+    for span_name in names:
+        (span,) = spans(span_exporter, span_name)
+        assert identity(span) == identity(created), span_name
+    (connect,) = spans(span_exporter, "sandbox.connect")
+    (exec_span,) = spans(span_exporter, "sandbox.exec")
+    assert identity(connect)[SANDBOX_ID] == identity(exec_span)[SANDBOX_ID] == sandbox_id
+    assert identity(exec_span) == identity(connect)
+    for span in span_exporter.get_finished_spans():
+        values = [str(value) for value in (span.attributes or {}).values()]
+        assert not any("do-not-record" in v for v in values), span.name

@@ -24,6 +24,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceAllocation,
 )
 
+pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
+
 
 def allocation(*limits: SandboxResourceAmounts) -> ResourceAllocation:
     return ResourceAllocation(
