@@ -16,14 +16,10 @@ after the traffic carries every count; nothing buffered is lost.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +33,7 @@ from collector_support import (
     running_collector,
     skip_unless_required,
 )
+from exit_support import hung_collector
 
 skip_unless_required()
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
@@ -73,35 +70,6 @@ def _env(endpoint: str, exporter: str = "otlp") -> dict[str, str]:
     return env
 
 
-@contextmanager
-def _silent_server() -> Iterator[int]:
-    """A loopback port that accepts connections and never answers: a hung collector."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        for connection in accepted:
-            connection.close()
-        listener.close()
-
-
 def test_collector_down_exit_bounded_and_requests_unchanged() -> None:
     """With nothing on the OTLP port, results match a plain run and exit costs ~2 timeouts."""
     closed = f"http://127.0.0.1:{free_port()}"
@@ -114,9 +82,9 @@ def test_collector_down_exit_bounded_and_requests_unchanged() -> None:
 
 def test_collector_slow_exit_bounded_and_requests_unchanged() -> None:
     """With a collector that accepts and never answers, the same bound holds."""
-    with _silent_server() as port:
-        plain, plain_s = _run(_env(f"http://127.0.0.1:{port}", exporter="none"), linger=2)
-        slow, slow_s = _run(_env(f"http://127.0.0.1:{port}"), linger=2)
+    with hung_collector() as hung:
+        plain, plain_s = _run(_env(f"http://127.0.0.1:{hung.port}", exporter="none"), linger=2)
+        slow, slow_s = _run(_env(f"http://127.0.0.1:{hung.port}"), linger=2)
     assert slow["connector"] == "QueueTimedTCPConnector"
     assert _traffic(slow) == _traffic(plain)
     assert slow_s - plain_s < EXIT_MARGIN_S, (plain_s, slow_s)
