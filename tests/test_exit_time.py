@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -130,10 +130,17 @@ def test_sigterm_application_handler_installed_first_kept(tmp_path: Path) -> Non
     assert done.stdout.splitlines() == ["True True", "True"], done.stdout
 
 
-@pytest.mark.usefixtures("global_meter_provider")
+@pytest.fixture
+def default_sigterm() -> Iterator[None]:
+    """SIGTERM with its default action in this process for the test, then as it was."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.usefixtures("global_meter_provider", "default_sigterm")
 def test_sigterm_handler_only_from_main_thread(instrumentor: NemoGymInstrumentor) -> None:
     """instrument() off the main thread installs no handler and raises nothing."""
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     errors: list[BaseException] = []
 
     def instrument() -> None:
@@ -149,10 +156,9 @@ def test_sigterm_handler_only_from_main_thread(instrumentor: NemoGymInstrumentor
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-@pytest.mark.usefixtures("global_meter_provider")
+@pytest.mark.usefixtures("global_meter_provider", "default_sigterm")
 def test_sigterm_handler_removed_by_uninstrument(instrumentor: NemoGymInstrumentor) -> None:
     """instrument() handles SIGTERM where nothing did; uninstrument() gives the default back."""
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     instrumentor.instrument()
     try:
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL

@@ -155,7 +155,7 @@ def flush(timeout_millis: int = 5000) -> bool:
         return False
     flushing.join(max(0.0, timeout_millis / 1000))
     if not results:
-        logger.warning("nemo_gym: flush() did not finish within %s ms", timeout_millis)
+        logger.debug("nemo_gym: flush() did not finish within %s ms", timeout_millis)
         return False
     return results[0]
 
