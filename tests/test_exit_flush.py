@@ -1,7 +1,8 @@
-"""The exit flush: the last counts leave first thing at exit, and never add an export timeout.
+"""The exit flush: the last counts leave first thing at exit, and never add an export.
 
 These drive ``_exit_flush``'s handler directly, with the SDK's real periodic reader and an
-exporter that the test holds: a collector that answers at once, and one that hangs.
+exporter that the test holds: a collector that answers at once, and one that hangs. The
+exits of real processes, on every Python the suite runs on, are tests/test_exit_time.py.
 """
 
 from __future__ import annotations
@@ -75,26 +76,48 @@ def test_exit_flush_exports_at_once_when_no_export_is_in_flight(exporter: HeldEx
     provider = _provider(exporter, interval_ms=600_000)
     try:
         assert not metric_export_in_flight(provider)
-        _exit_flush._flush(weakref.ref(provider))
+        _exit_flush._at_exit(weakref.ref(provider))
         assert (exporter.exports, exporter.points) == (1, [3])
     finally:
         provider.shutdown()
-    assert exporter.exports == 2  # the SDK's own last export still follows
+    assert exporter.exports == 1  # it was the SDK's last export: its shutdown adds none
+
+
+def test_exit_flush_hung_export_is_the_last_one(exporter: HeldExporter) -> None:
+    """An exit flush whose export hangs is the SDK's last export: its shutdown adds none."""
+    exporter.hold.clear()
+    provider = _provider(exporter, interval_ms=600_000)
+    try:
+        started = threading.active_count()
+        _exit_flush._at_exit(weakref.ref(provider))  # gives up waiting after EXIT_WAIT_S
+        assert exporter.entered.is_set()
+        assert metric_export_in_flight(provider)
+        assert exporter.exports == 1
+        # The reader's own thread exports: none is started (Python 3.12 starts none at exit).
+        assert threading.active_count() == started
+    finally:
+        exporter.hold.set()  # the collector answers at last
+        provider.shutdown()
+    # A second export would have been one more export timeout at exit.
+    assert (exporter.exports, exporter.points) == (1, [3])
 
 
 def test_exit_flush_left_to_the_sdk_while_an_export_hangs(exporter: HeldExporter) -> None:
-    """An export hung at exit is not queued behind: the handler returns, adding no export."""
+    """An export hung at exit is not queued behind: the last export follows it, as without."""
     exporter.hold.clear()
     provider = _provider(exporter, interval_ms=50)
     try:
         assert exporter.entered.wait(30)  # the periodic export is in flight, and held
         assert metric_export_in_flight(provider)
-        _exit_flush._flush(weakref.ref(provider))
-        # The handler gave up waiting and started no flush: none is queued behind the hung
-        # export to add another export timeout to exit.
+        started = threading.active_count()
+        _exit_flush._at_exit(weakref.ref(provider))
+        # The handler gave up waiting and started no thread; the reader's own thread is
+        # still in the hung export, so no second export has begun.
         assert exporter.exports == 1
-        assert not [t for t in threading.enumerate() if t.name == "nemo-gym-exit-flush"]
+        assert threading.active_count() == started
     finally:
         exporter.hold.set()
         provider.shutdown()
+    # The export in flight, then the reader's last one: what the SDK's shutdown does alone.
+    assert exporter.exports == 2
     assert not metric_export_in_flight(provider)

@@ -47,7 +47,11 @@ from opentelemetry.instrumentation.nemo_gym._connector_patch import (
     TCPConnectorPatch,
     capacity_reporter,
 )
-from opentelemetry.instrumentation.nemo_gym._exit_flush import flush_at_exit
+from opentelemetry.instrumentation.nemo_gym._exit_flush import (
+    flush_at_exit,
+    flush_at_sigterm,
+    stop_flush_at_sigterm,
+)
 from opentelemetry.instrumentation.nemo_gym._exporting import (
     metrics_deliberately_off,
     metrics_export_status,
@@ -225,6 +229,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 )
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
+        if (connection_pool or sandbox_resources) and not metrics_deliberately_off():
+            # Where SIGTERM would end the process at once, the last counts leave first.
+            flush_at_sigterm()
         try:
             _status.log_status(kwargs)  # one INFO line: which capabilities are on, and why not
         except Exception:
@@ -313,6 +320,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _install_nemo_gym_providers(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        stop_flush_at_sigterm()
         try:
             if self._pool_patch is not None:
                 self._pool_patch.uninstall()

@@ -1,87 +1,121 @@
-"""Export what a process counted as soon as it starts to exit, before slower exit handlers.
+"""The last counts leave as soon as a process starts to end: first thing at exit, and at SIGTERM.
 
-The SDK exports a meter provider's last data from its own ``atexit`` handler, registered when
-``opentelemetry-instrument`` configured it: the first registered, so the *last* to run. A NeMo
-Gym server imports Ray and NeMo Gym after that, and their exit handlers (closing the global
-aiohttp client, shutting down Ray) run first and take seconds, while NeMo Gym kills a server
-one second after its SIGINT. ``flush_at_exit(provider)``, called when the first timed
-connector is built (after the application's own imports), registers a flush that runs first
-at exit: the export then leaves before those handlers. The SDK's own shutdown still exports
-afterwards (the same cumulative totals). A failing flush is logged at debug.
+At exit. The SDK exports a meter provider's last data from its own ``atexit`` handler,
+registered when ``opentelemetry-instrument`` configured it: the first registered, so the
+*last* to run. A NeMo Gym server imports Ray and NeMo Gym after that, and their exit handlers
+(closing the global aiohttp client, shutting down Ray) run first and take seconds, while NeMo
+Gym kills a server one second after its SIGINT. ``flush_at_exit(provider)``, called when the
+first timed connector is built (after the application's own imports), registers a handler
+that runs first at exit and starts that last export then, on the periodic reader's own thread
+(``start_last_exports``): the export the SDK's shutdown waits for anyway, started earlier. It
+waits for it at most ``EXIT_WAIT_S``; the SDK's shutdown later finds it done or under way.
+So the plugin adds no export, and no export timeout, to exit: against a collector that is
+down or hung, exit costs what the SDK's own shutdown costs (up to two
+``OTEL_EXPORTER_OTLP_TIMEOUT``: the export in flight, then the last one), and with a slow exit
+handler in between, less. No thread is started during exit (Python 3.12 refuses to).
 
-Against a collector that is down or hung, the OTLP exporters retry until their own timeout
-(``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default; they ignore the flush's), and the SDK's
-shutdown already spends up to two such timeouts (the export in flight, then the last one).
-A flush queued behind them would add a third, so exit is never held up for more than
-``EXIT_WAIT_S``: an export still in flight at exit that does not end within it means the
-collector is slow or down, and the flush is left to the SDK's shutdown; the flush itself runs
-on a thread of its own and is waited for no longer than what is left of that time (on Python
-3.12, which starts no thread during exit, it runs in the handler itself).
+At SIGTERM. Kubernetes, Slurm and most process managers stop a process with SIGTERM, whose
+default action ends it at once: no exit handler runs, and what was counted since the last
+periodic export is lost. ``flush_at_sigterm()``, called by ``instrument()``, installs a handler
+only where SIGTERM has its default action; it starts the same last exports, waits for them at
+most ``EXIT_WAIT_S``, then restores the default action and raises the signal again, so the
+process ends as SIGTERM would have ended it (status -15, 143 in a shell). A handler of the
+application's own, installed before ``instrument()`` or after it, is left alone. Python runs a
+signal's handler in the main thread, between two bytecodes: a main thread stuck in one long C
+call ends when that call returns.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterable
+from types import FrameType
 from typing import Any
 
-from opentelemetry.instrumentation.nemo_gym._exporting import metric_export_in_flight
+from opentelemetry import metrics
+
+from opentelemetry.instrumentation.nemo_gym._exporting import start_last_exports
 
 logger = logging.getLogger(__name__)
 
-FLUSH_TIMEOUT_MS = 5000
-# NeMo Gym kills a server 1 s after its SIGINT: a flush not done by then is not waited for.
+# NeMo Gym kills a server 1 s after its SIGINT: a last export not done by then is not waited
+# for (the SDK's shutdown still waits for it at exit).
 EXIT_WAIT_S = 1.0
-_IN_FLIGHT_POLL_S = 0.01
 
 _LOCK = threading.Lock()
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _flush_provider(provider: Any) -> None:
+def export_last(providers: Iterable[object], wait_s: float = EXIT_WAIT_S) -> None:
+    """Start each SDK meter provider's last periodic export and wait at most ``wait_s`` for
+    them all; starts no thread, never raises."""
+    deadline = time.monotonic() + wait_s
     try:
-        provider.force_flush(timeout_millis=FLUSH_TIMEOUT_MS)
-    except Exception:  # exit goes on; the SDK's own shutdown still exports
-        logger.debug("nemo_gym: flushing metrics at exit failed", exc_info=True)
+        exporting = [thread for provider in providers for thread in start_last_exports(provider)]
+        for thread in exporting:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    except Exception:  # the process ends anyway; the SDK's shutdown still exports at exit
+        logger.debug("nemo_gym: could not export the last metrics", exc_info=True)
 
 
-def _flush(reference: weakref.ref[Any]) -> None:
+def _at_exit(reference: weakref.ref[Any]) -> None:
     provider = reference()
-    if provider is None:
-        return
-    try:
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while metric_export_in_flight(provider):
-            if time.monotonic() >= deadline:
-                logger.debug("nemo_gym: an export is still in flight at exit; not flushing")
-                return
-            time.sleep(_IN_FLIGHT_POLL_S)
-        flusher = threading.Thread(
-            target=_flush_provider, args=(provider,), name="nemo-gym-exit-flush", daemon=True
-        )
-        try:
-            flusher.start()
-        except RuntimeError:
-            # Python 3.12 starts no thread once finalization has begun, exit handlers
-            # included: flush here, unbounded by EXIT_WAIT_S but not queued behind an export.
-            _flush_provider(provider)
-            return
-        flusher.join(max(0.0, deadline - time.monotonic()))
-    except Exception:  # exit goes on; the SDK's own shutdown still exports
-        logger.debug("nemo_gym: could not flush metrics at exit", exc_info=True)
+    if provider is not None:
+        export_last([provider])
 
 
 def flush_at_exit(provider: Any) -> None:
-    """Flush ``provider`` (an SDK ``MeterProvider``) first thing at interpreter exit; once
-    per provider, never raises."""
+    """Start ``provider``'s (an SDK ``MeterProvider``) last export first thing at interpreter
+    exit; once per provider, never raises."""
     try:
         with _LOCK:
             if provider in _REGISTERED:
                 return
             _REGISTERED.add(provider)
-        atexit.register(_flush, weakref.ref(provider))
+        atexit.register(_at_exit, weakref.ref(provider))
     except Exception:  # telemetry set-up never fails the application
         logger.debug("nemo_gym: could not register the exit flush", exc_info=True)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Export the last counts, then end the process as the signal's default action would."""
+    try:
+        # No lock: the handler runs in the main thread, which may be holding it.
+        providers = dict.fromkeys([*_REGISTERED, metrics.get_meter_provider()])
+    except Exception:  # a registration racing on another thread
+        logger.debug("nemo_gym: could not list the providers to flush", exc_info=True)
+        providers = dict.fromkeys([metrics.get_meter_provider()])
+    export_last(providers)
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+
+
+def flush_at_sigterm() -> None:
+    """Handle SIGTERM where nothing else does: the last counts leave, then the process ends
+    by that signal. Left alone where SIGTERM is ignored or has a handler already, and off
+    the main thread (only the main thread may set handlers). Never raises."""
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("nemo_gym: instrument() ran off the main thread; SIGTERM not handled")
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except Exception:  # telemetry set-up never fails the application
+        logger.debug("nemo_gym: could not handle SIGTERM", exc_info=True)
+
+
+def stop_flush_at_sigterm() -> None:
+    """Give SIGTERM its default action back, if our handler is still the one installed."""
+    try:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _on_sigterm
+        ):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except Exception:
+        logger.debug("nemo_gym: could not restore SIGTERM's default action", exc_info=True)

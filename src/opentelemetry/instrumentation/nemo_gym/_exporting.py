@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Final, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
@@ -151,6 +154,63 @@ def _span_processors(tracer_provider: SdkTracerProvider) -> tuple[object, ...] |
     multi = getattr(tracer_provider, "_active_span_processor", None)
     processors = getattr(multi, "_span_processors", None)
     return tuple(processors) if isinstance(processors, tuple | list) else None
+
+
+def start_last_exports(meter_provider: object) -> tuple[threading.Thread, ...]:
+    """Make each periodic reader of an SDK meter provider run its last export now; the
+    readers' threads that do it.
+
+    A ``PeriodicExportingMetricReader``'s thread, once told to stop, finishes the export it is
+    in, collects and exports one last time, and ends: the same export the SDK's shutdown
+    waits for at exit, started early, so nothing is queued behind it and no thread is started
+    (Python 3.12 starts none during exit). The reader is not shut down: ``force_flush`` and
+    the SDK's shutdown still work, and the shutdown then finds that export done or under way.
+    Counts recorded after it are not exported by that reader. Other readers, and an SDK of
+    another shape, are left alone; never blocks, never raises for an SDK provider.
+    """
+    if not isinstance(meter_provider, SdkMeterProvider):
+        return ()
+    threads = []
+    for reader in _metric_readers(meter_provider) or ():
+        stop = getattr(reader, "_shutdown_event", None)
+        ticker = getattr(reader, "_daemon_thread", None)
+        if not isinstance(stop, threading.Event) or not isinstance(ticker, threading.Thread):
+            continue
+        if ticker.is_alive():
+            stop.set()
+            threads.append(ticker)
+    return tuple(threads)
+
+
+def export_metrics_now(meter_provider: object, timeout_millis: float) -> bool:
+    """Collect and export now, for each metric reader of an SDK meter provider; whether every
+    export succeeded.
+
+    The SDK's ``force_flush`` returns ``True`` whatever its exporters answered, so for a
+    periodic reader this does what its ``collect`` does and keeps the exporter's result:
+    under the reader's export lock (no export runs twice at once), with instrumentation
+    suppressed. Other readers get their own ``force_flush``. Blocks for as long as the
+    exporters take (they may ignore ``timeout_millis``): run it where that is bounded.
+    """
+    if not isinstance(meter_provider, SdkMeterProvider):
+        return True
+    succeeded = True
+    for reader in _metric_readers(meter_provider) or ():
+        collect = getattr(reader, "_collect", None)
+        lock = getattr(reader, "_export_lock", None)
+        exporter = getattr(reader, "_exporter", None)
+        export = getattr(exporter, "export", None)
+        if not callable(collect) or lock is None or not callable(export):
+            force_flush = getattr(reader, "force_flush", None)
+            succeeded = callable(force_flush) and bool(force_flush(timeout_millis)) and succeeded
+            continue
+        collected = collect(reader, timeout_millis=timeout_millis)
+        if collected is None:
+            continue
+        with suppress_instrumentation(), lock:
+            result = export(collected, timeout_millis=timeout_millis)
+        succeeded = result is MetricExportResult.SUCCESS and succeeded
+    return succeeded
 
 
 def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]:

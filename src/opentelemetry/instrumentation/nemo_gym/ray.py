@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -202,20 +203,52 @@ def flush(timeout_millis: int = 5000) -> bool:
 
     Ray ends a job's workers without running their ``atexit`` handlers, so what a worker
     recorded after its last periodic export (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default)
-    is lost when its job ends. Blocks for at most about ``timeout_millis`` per provider;
-    returns whether every flush succeeded; never raises.
+    is lost when its job ends. Exports the global meter provider's metrics and the global
+    tracer provider's spans; returns within about ``timeout_millis`` (an export still running
+    then goes on in the background), ``True`` only when every export ended in time and
+    succeeded. Never raises.
+    """
+    results: list[bool] = []
+    flushing = threading.Thread(
+        target=lambda: results.append(_flush_providers(timeout_millis)),
+        name="nemo-gym-ray-flush",
+        daemon=True,  # an exporter that ignores its timeout does not hold the worker up
+    )
+    try:
+        flushing.start()
+    except RuntimeError:  # no thread can start (the interpreter is exiting)
+        logger.warning("nemo_gym: flush() could not start its thread; nothing exported")
+        return False
+    flushing.join(max(0.0, timeout_millis / 1000))
+    if not results:
+        logger.debug("nemo_gym: flush() did not finish within %s ms", timeout_millis)
+        return False
+    return results[0]
+
+
+def _flush_providers(timeout_millis: float) -> bool:
+    """Export the global providers' data, in this thread; whether every export succeeded.
+
+    Metrics go through ``export_metrics_now``, which keeps each exporter's answer (the SDK's
+    ``force_flush`` returns ``True`` whatever it was).
     """
     from opentelemetry import metrics, trace  # imported only where a flush is asked for
 
+    from opentelemetry.instrumentation.nemo_gym._exporting import export_metrics_now
+
     succeeded = True
-    for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
-        force_flush = getattr(provider, "force_flush", None)
-        if force_flush is None:
-            continue
+    try:
+        succeeded = export_metrics_now(metrics.get_meter_provider(), timeout_millis)
+    except Exception:
+        logger.exception("nemo_gym: flushing the meter provider failed")
+        succeeded = False
+    tracer_provider = trace.get_tracer_provider()
+    force_flush = getattr(tracer_provider, "force_flush", None)
+    if callable(force_flush):
         try:
             succeeded = bool(force_flush(timeout_millis)) and succeeded
         except Exception:
-            logger.exception("nemo_gym: flushing %s failed", type(provider).__name__)
+            logger.exception("nemo_gym: flushing %s failed", type(tracer_provider).__name__)
             succeeded = False
     return succeeded
 
