@@ -401,3 +401,27 @@ def test_lifecycle_metrics_prometheus_names(monkeypatch: pytest.MonkeyPatch) -> 
         "gym_sandbox_memory_peak_bytes{",
     ):
         assert f"\n{name}" in text, text
+
+
+async def test_lifecycle_metrics_deferred_by_nemo_gym_telemetry_handle(
+    clock: ManualClock,
+    state: SandboxState,
+    metric_reader: InMemoryMetricReader,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gym_metrics without ``metrics_exporting`` defers to its telemetry handle: nothing is
+    recorded while ``get_telemetry()`` is exporting, ours are while it is not initialised."""
+    monkeypatch.setitem(
+        sys.modules, NEMO_GYM_METRICS_MODULE, types.ModuleType(NEMO_GYM_METRICS_MODULE)
+    )
+    setup = types.ModuleType("nemo_gym.telemetry.setup")
+    handle_of: list[Any] = [types.SimpleNamespace(is_exporting=True)]
+    setup.get_telemetry = lambda: handle_of[0]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nemo_gym.telemetry.setup", setup)
+    provider = traced_provider(TimedProvider(clock), state)
+    await provider.close(await provider.create(SandboxSpec()))
+    assert [name for name in LIFECYCLE if name in collected(metric_reader)] == []
+    handle_of[0] = None
+    await provider.close(await provider.create(SandboxSpec()))
+    startup = collected(metric_reader)["gym.sandbox.startup_duration_ms"]
+    assert by_attributes(startup)[((PROVIDER, "timed"),)].count == 1
