@@ -283,9 +283,15 @@ def test_prometheus_loads_every_rule_healthy(run: Run) -> None:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
 
 
+# Alerts the app's traffic cannot set off: starts slower than two minutes. promtool's unit
+# tests (rules_test.yml) show them firing; here they must stay silent.
+QUIET_ALERTS = {"NemoGymSandboxStartSlow"}
+
+
 def test_prometheus_every_alert_goes_off_with_usable_advice(run: Run) -> None:
-    """Each alert is pending or firing after the traffic, its annotations expanded without a
-    template error, and the capacity command it suggests reports a safe sizing."""
+    """Each alert but the quiet ones is pending or firing after the traffic, its annotations
+    expanded without a template error, and the capacity command it suggests reports a safe
+    sizing; the quiet ones are inactive."""
     alerts = run.api("alerts")["alerts"]
     cli = Path(sys.executable).with_name("nemo-gym-otel")
     for alert in alerts:
@@ -300,7 +306,8 @@ def test_prometheus_every_alert_goes_off_with_usable_advice(run: Run) -> None:
         )
         assert checked.returncode == 0, (action, checked.stderr)
     names = {e.source.split()[-1] for e in EXPRESSIONS if e.source.startswith("rules.yml alert")}
-    assert {a["labels"]["alertname"] for a in alerts} == names
+    assert names >= QUIET_ALERTS
+    assert {a["labels"]["alertname"] for a in alerts} == names - QUIET_ALERTS
 
 
 # --- the scraped series themselves ----------------------------------------------------------
