@@ -425,3 +425,39 @@ async def test_lifecycle_metrics_deferred_by_nemo_gym_telemetry_handle(
     await provider.close(await provider.create(SandboxSpec()))
     startup = collected(metric_reader)["gym.sandbox.startup_duration_ms"]
     assert by_attributes(startup)[((PROVIDER, "timed"),)].count == 1
+
+
+class OddResult:
+    """An exec result whose ``error_type`` cannot be read."""
+
+    return_code = 0
+
+    @property
+    def error_type(self) -> str:
+        raise RuntimeError("unreadable")
+
+
+async def test_lifecycle_metrics_odd_exec_result_returned_unchanged(
+    clock: ManualClock,
+    state: SandboxState,
+    metric_reader: InMemoryMetricReader,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A result whose error_type raises reaches the caller as the same object; the timing is
+    dropped with one warning, and the next command is timed again."""
+    timed = TimedProvider(clock)
+    provider = traced_provider(timed, state)
+    handle = await provider.create(SandboxSpec())
+    odd = OddResult()
+
+    async def odd_exec(handle: SandboxHandle, command: str, **_: Any) -> Any:
+        return odd if command == "odd" else SandboxExecResult(stdout="", stderr="", return_code=0)
+
+    timed.exec = odd_exec  # type: ignore[method-assign]
+    for _ in range(2):
+        assert await provider.exec(handle, "odd") is odd
+    await provider.exec(handle, "fine")
+    execs = by_attributes(collected(metric_reader)["gym.sandbox.exec_duration_ms"])
+    assert {k: p.count for k, p in execs.items()} == {((PROVIDER, "timed"),): 1}
+    warnings = [r for r in caplog.records if "lifecycle" in r.getMessage()]
+    assert len(warnings) == 1

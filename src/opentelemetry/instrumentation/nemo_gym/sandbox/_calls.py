@@ -11,7 +11,9 @@ records the exception's type, never its message, and the exception reaches the c
 same object. Inside OpenTelemetry's ``suppress_instrumentation``, for a state that
 ``tracing.disable`` turned off, and for a nested call into the provider already being traced,
 the call passes straight through. Also here: which identity a handle has
-(``sandbox_identity``) and the scope that stamps it (``sandbox_scope``).
+(``sandbox_identity``) and the scope that stamps it (``sandbox_scope``). The lifecycle
+metrics in NeMo Gym's names (``_lifecycle_metrics``: held sandboxes, start, exec and
+transfer times, create retries) are reported from these calls through ``_measure`` alone.
 """
 
 from __future__ import annotations
@@ -302,12 +304,16 @@ def _time_handle_call(
     if timed is None:
         return
     elapsed = time.perf_counter() - started
+    # Read inside _measure: an odd provider or result that raises is logged, not raised.
+    _measure(state, lambda m: timed(m, provider_name(provider), elapsed, _error_type(outcome)))
+
+
+def _error_type(outcome: object) -> str | None:
+    """A timed call's ``error.type``: its exception's, else its result's ``error_type``."""
     if isinstance(outcome, Exception):
-        error_type: str | None = error_type_of(outcome)
-    else:
-        found = getattr(outcome, "error_type", None)
-        error_type = str(found) if found else None
-    _measure(state, lambda m: timed(m, provider_name(provider), elapsed, error_type))
+        return error_type_of(outcome)
+    found = getattr(outcome, "error_type", None)
+    return str(found) if found else None
 
 
 def _count_creation(state: SandboxState, provider: str, error: Exception | None) -> None:

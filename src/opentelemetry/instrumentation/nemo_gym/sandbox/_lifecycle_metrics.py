@@ -12,7 +12,9 @@ dashboard reads NeMo Gym's series and ours alike:
 * ``gym.sandbox.startup_duration_ms`` (histogram, ``ms``): the wall-clock of one ``create``;
 * ``gym.sandbox.exec_duration_ms`` (histogram, ``ms``): the wall-clock of one ``exec``;
 * ``gym.sandbox.transfer_duration_ms`` (histogram, ``ms``): one ``upload_file`` or
-  ``download_file``;
+  ``download_file`` (NeMo Gym's docs page names it, "wall-clock of one file transfer into or
+  out of a sandbox"; the source we could read predates it, so its unit and buckets are taken
+  to be its siblings');
 * ``gym.sandbox.create_retry_total`` (counter, unit ``1``): a ``create`` of the same spec
   object through the same provider object after that spec's previous create failed (the
   retry NeMo Gym's providers count inside their own loops, seen from outside).
