@@ -47,6 +47,12 @@ SANDBOX_METRICS = (
 )
 
 
+# Alerts the example app's traffic cannot set off (starts slower than two minutes): their
+# expressions return nothing in every mode, which the live tests check; promtool's unit tests
+# (rules_test.yml) show them firing.
+QUIET_ALERTS = frozenset({"NemoGymSandboxStartSlow"})
+
+
 @dataclass(frozen=True)
 class Expression:
     """One query to run: where it comes from, the PromQL, and in which modes it has data.
@@ -86,7 +92,8 @@ def rule_expressions() -> list[Expression]:
             name = rule.get("record") or rule["alert"]
             kind = "record" if "record" in rule else "alert"
             expr = rule["expr"].strip()
-            found.append(Expression(f"rules.yml {kind} {name}", expr, modes_with_data(expr)))
+            modes = () if name in QUIET_ALERTS else modes_with_data(expr)
+            found.append(Expression(f"rules.yml {kind} {name}", expr, modes))
             if kind == "record":
                 found.append(Expression(f"rules.yml series {name}", name, MODES))
     return found

@@ -22,6 +22,12 @@ import pytest
 from collector_support import private_collector
 from promql_sources import MODES, Expression, all_expressions
 from test_prometheus_e2e import Run, app_scraped
+from test_prometheus_e2e import (
+    test_prometheus_sandbox_lifecycle_matches_the_app as check_sandbox_lifecycle,
+)
+from test_prometheus_e2e import (
+    test_prometheus_sandbox_usage_is_per_nemo_gym_server as check_sandbox_usage,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 EXPRESSIONS = all_expressions()
@@ -61,3 +67,10 @@ def test_collector_series_carry_service_identity(run: Run) -> None:
     assert found
     assert {job for job, _ in found} == {"nemo-gym-prometheus-example"}
     assert all(instance.count("-") >= 1 for _, instance in found)
+
+
+def test_collector_sandbox_lifecycle_and_usage_match_the_app(run: Run) -> None:
+    """Through the collector too, the sandbox lifecycle counts equal the app's own, none is
+    held at the end, and the CPU time and memory peak name the NeMo Gym server."""
+    check_sandbox_lifecycle(run)
+    check_sandbox_usage(run)

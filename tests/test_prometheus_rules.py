@@ -93,7 +93,7 @@ def test_rules_every_alert_is_tested_firing_and_not_firing() -> None:
     for case in _alert_tests():
         (firing if case.get("exp_alerts") else silent).add(case["alertname"])
     alerts = {rule["alert"] for rule in _rules() if "alert" in rule}
-    assert len(alerts) == 6
+    assert len(alerts) == 7
     assert alerts - firing == set(), "never tested firing"
     assert alerts - silent == set(), "never tested silent"
 
@@ -216,6 +216,73 @@ def test_dashboard_queue_panels_count_both_sources_for_one_destination(tmp_path:
         ],
     }
     path = tmp_path / "dashboard_test.yml"
+    path.write_text(yaml.safe_dump(unit, sort_keys=False))
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# The rules_test.yml case of the sandbox rules, and what each sandbox panel of the dashboard
+# shows for it at 10 minutes (the panels sum over jobs; see that case's comment).
+SANDBOX_CASE_SERIES = "gym_sandbox_cpu_time_seconds_total"
+DASHBOARD_SANDBOXES = {
+    "'Sandboxes active' A": {
+        '{nemo_gym_sandbox_provider="docker"}': 5,
+        '{nemo_gym_sandbox_provider="process"}': 1,
+    },
+    "'Sandbox start time p50 and p95' A": {'{nemo_gym_sandbox_provider="docker"}': 291},
+    "'Sandbox start time p50 and p95' B": {'{nemo_gym_sandbox_provider="docker"}': 210},
+    "'Sandbox command time p50 and p95' A": {'{nemo_gym_sandbox_provider="docker"}': 0.475},
+    "'Sandbox command time p50 and p95' B": {'{nemo_gym_sandbox_provider="docker"}': 0.25},
+    "'Sandbox CPU by environment' A": {
+        '{nemo_gym_server_name="swe_env",nemo_gym_sandbox_provider="docker"}': 3,
+        '{nemo_gym_server_name="math_env",nemo_gym_sandbox_provider="process"}': 0.5,
+    },
+    "'Sandbox memory high-water mark by environment' A": {
+        '{nemo_gym_server_name="swe_env",nemo_gym_sandbox_provider="docker"}': 512 * 1024 * 1024,
+    },
+}
+
+
+def test_dashboard_sandbox_panels_show_the_sandbox_case(tmp_path: Path) -> None:
+    """Each lifecycle and usage panel shows exactly what the sandbox rules' unit test implies:
+    held sandboxes, start and command percentiles, CPU and memory per environment."""
+    document = yaml.safe_load(RULES_TEST.read_text())
+    (case,) = [
+        test
+        for test in document["tests"]
+        if any(SANDBOX_CASE_SERIES in s["series"] for s in test["input_series"])
+    ]
+    panels = {
+        e.source.removeprefix("nemo-gym.json panel "): e.promql
+        for e in dashboard_expressions()
+        if any(
+            name in e.promql
+            for name in (
+                "gym_sandbox_active",
+                "gym_sandbox_startup_duration",
+                "gym_sandbox_exec_duration",
+                "gym_sandbox_cpu_time",
+                "gym_sandbox_memory_peak",
+            )
+        )
+    }
+    assert sorted(panels) == sorted(DASHBOARD_SANDBOXES)
+    tests = [
+        {
+            "expr": panels[panel],
+            "eval_time": "10m",
+            "exp_samples": [{"labels": labels, "value": value} for labels, value in want.items()],
+        }
+        for panel, want in DASHBOARD_SANDBOXES.items()
+    ]
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {"interval": "1m", "input_series": case["input_series"], "promql_expr_test": tests}
+        ],
+    }
+    path = tmp_path / "dashboard_sandboxes_test.yml"
     path.write_text(yaml.safe_dump(unit, sort_keys=False))
     result = _promtool("test", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -16,6 +16,11 @@ two sandboxes:
 * a process sandbox without cgroups asks for 0.5 CPU and 64 MiB, which nothing enforces: an
   allocation mismatch (``no_limit``).
 
+Both sandboxes also give the lifecycle metrics (two starts, one command, none held at the
+end) and, from their usage samples, the CPU time and memory peak of the sandboxes of
+``--nemo-gym-server`` (default ``sandbox_example``): the app labels them as that NeMo Gym
+server would, ``gym env start`` setting its name in ``NEMO_GYM_CONFIG_PATH``.
+
 The *hold* step then leaves a pool in a known state for Prometheus to scrape: one connector
 (``limit=3, limit_per_host=2``) with 2 idle keep-alive connections to 127.0.0.2, 2 active
 requests to 127.0.0.1 held open by the server, and 3 more requests to 127.0.0.1 waiting for a
@@ -97,6 +102,14 @@ CONSTRAINT_LABEL = "nemo.gym.http.connection_pool.queue_constraint"
 OUTCOME_LABEL = "nemo.gym.http.connection_pool.queue_outcome"
 
 POLICY_DELAY_S = 0.15
+# The sandbox lifecycle and usage instruments the app reports on.
+SANDBOX_FIGURES = (
+    "gym.sandbox.active",
+    "gym.sandbox.startup_duration_ms",
+    "gym.sandbox.exec_duration_ms",
+    "gym.sandbox.cpu.time",
+    "gym.sandbox.memory.peak",
+)
 HOLD = {"limit": 3, "limit_per_host": 2, "idle": 2, "active": 2, "waiting": 3}
 MEMORY_HUNGRY = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
 
@@ -308,10 +321,12 @@ def _gauge_total(reader: InMemoryMetricReader, name: str) -> float | None:
 
 
 def observed(reader: InMemoryMetricReader) -> dict[str, Any]:
-    """What this process's own reader holds: queue samples, connects, open connections."""
+    """What this process's own reader holds: queue samples, connects, open connections, and
+    the sandbox lifecycle and usage figures (a histogram's count, a sum's or gauge's value)."""
     queue: list[dict[str, Any]] = []
     connects: dict[str, int] = {}
     connections: dict[str, float] = {}
+    sandboxes: dict[str, float] = {}
     data = reader.get_metrics_data()
     for resource_metrics in data.resource_metrics if data else ():
         for scope_metrics in resource_metrics.scope_metrics:
@@ -335,7 +350,17 @@ def observed(reader: InMemoryMetricReader) -> dict[str, Any]:
                     elif metric.name == OPEN_CONNECTIONS and isinstance(point, NumberDataPoint):
                         state = str(attributes.get("http.connection.state"))
                         connections[state] = connections.get(state, 0) + point.value
-    return {"queue": queue, "connects": connects, "open_connections": connections}
+                    elif metric.name in SANDBOX_FIGURES:
+                        figure = (
+                            point.count if isinstance(point, HistogramDataPoint) else point.value
+                        )
+                        sandboxes[metric.name] = sandboxes.get(metric.name, 0) + figure
+    return {
+        "queue": queue,
+        "connects": connects,
+        "open_connections": connections,
+        "sandboxes": sandboxes,
+    }
 
 
 def _emit(step: str, **fields: Any) -> None:
@@ -431,10 +456,17 @@ def main() -> None:
     parser.add_argument("--no-sandboxes", dest="sandboxes", action="store_false", help="pools only")
     parser.add_argument("--otlp-endpoint", help="export over OTLP/HTTP here instead of serving")
     parser.add_argument("--scrape-target", help="HOST:PORT Prometheus scrapes (the collector)")
+    parser.add_argument(
+        "--nemo-gym-server",
+        default="sandbox_example",
+        help="the NeMo Gym server whose sandboxes' usage this is (NEMO_GYM_CONFIG_PATH)",
+    )
     args = parser.parse_args()
 
     # Resource samples often enough that a short sandbox gets some, as in examples/sandbox.py.
     os.environ.setdefault("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.5")
+    # What `gym env start` sets for each server: the usage totals name it.
+    os.environ["NEMO_GYM_CONFIG_PATH"] = args.nemo_gym_server
     port = args.metrics_port or free_port()
     own_reader = InMemoryMetricReader()
     attributes: dict[str, str | int] = {"service.name": "nemo-gym-prometheus-example"}

@@ -11,12 +11,15 @@ records the exception's type, never its message, and the exception reaches the c
 same object. Inside OpenTelemetry's ``suppress_instrumentation``, for a state that
 ``tracing.disable`` turned off, and for a nested call into the provider already being traced,
 the call passes straight through. Also here: which identity a handle has
-(``sandbox_identity``) and the scope that stamps it (``sandbox_scope``).
+(``sandbox_identity``) and the scope that stamps it (``sandbox_scope``). The lifecycle
+metrics in NeMo Gym's names (``_lifecycle_metrics``: held sandboxes, start, exec and
+transfer times, create retries) are reported from these calls through ``_measure`` alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +31,9 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import error_type_of
+from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
+    SandboxLifecycleMetrics,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     PROVIDER,
@@ -210,12 +216,18 @@ async def traced_create(
     except Exception as exc:  # noqa: BLE001 - a spec we cannot describe still gets an identity
         log_failure("describing a sandbox spec", exc, name)
         attributes = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
+    retry = (provider, spec)
+    started = time.perf_counter()
     try:
         handle = await _traced_handle_source(state, provider, "sandbox.create", attributes, call)
     except Exception as exc:
         _count_creation(state, name, exc)
+        elapsed, error = time.perf_counter() - started, error_type_of(exc)
+        _measure(state, lambda m: m.created(name, None, elapsed, error, retry_of=retry))
         raise  # the provider's own exception object, unchanged
     _count_creation(state, name, None)
+    elapsed = time.perf_counter() - started
+    _measure(state, lambda m: m.created(name, sandbox_key(handle), elapsed, retry_of=retry))
     # Outside the create span: the records belong to the caller's context, and the guard
     # _traced_handle_source set is reset so the tasks started here do not inherit it.
     _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
@@ -237,6 +249,7 @@ async def traced_connect(
     name = provider_name(provider)
     attributes: dict[str, Attribute] = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
     handle = await _traced_handle_source(state, provider, CONNECT_SPAN, attributes, call)
+    _measure(state, lambda m: m.connected(name, sandbox_key(handle)))
     _start_resource_records(state, provider, handle, attributes, None)
     return handle
 
@@ -260,6 +273,47 @@ async def _traced_handle_source(
             return handle
     finally:
         _TRACING.reset(token)
+
+
+def _measure(state: SandboxState, report: Callable[[SandboxLifecycleMetrics], None]) -> None:
+    """Report a lifecycle event to the state's ``_lifecycle_metrics`` (nothing without them);
+    never raises."""
+    lifecycle = state.lifecycle_metrics()
+    if lifecycle is None:
+        return
+    try:
+        report(lifecycle)
+    except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
+        log_failure("recording sandbox lifecycle metrics", exc)
+
+
+# The traced handle calls timed on NeMo Gym's duration histograms, and which one each is.
+_TIMED_SPANS = {
+    "sandbox.exec": SandboxLifecycleMetrics.executed,
+    "sandbox.upload": SandboxLifecycleMetrics.transferred,
+    "sandbox.download": SandboxLifecycleMetrics.transferred,
+}
+
+
+def _time_handle_call(
+    state: SandboxState, provider: object, span_name: str, started: float, outcome: object
+) -> None:
+    """Record a timed call's wall-clock since ``started``, with ``error.type`` when it raised
+    (``outcome`` is its exception) or gave an exec result with an ``error_type``."""
+    timed = _TIMED_SPANS.get(span_name)
+    if timed is None:
+        return
+    elapsed = time.perf_counter() - started
+    # Read inside _measure: an odd provider or result that raises is logged, not raised.
+    _measure(state, lambda m: timed(m, provider_name(provider), elapsed, _error_type(outcome)))
+
+
+def _error_type(outcome: object) -> str | None:
+    """A timed call's ``error.type``: its exception's, else its result's ``error_type``."""
+    if isinstance(outcome, Exception):
+        return error_type_of(outcome)
+    found = getattr(outcome, "error_type", None)
+    return str(found) if found else None
 
 
 def _count_creation(state: SandboxState, provider: str, error: Exception | None) -> None:
@@ -327,9 +381,15 @@ async def traced_call(
     if _passes_through(state, provider):
         return await call()
     token = _TRACING.set(id(provider))
+    started = time.perf_counter()
     try:
         with _span(state, span_name, _identity_or_empty(state, handle)) as span:
-            result = await call()
+            try:
+                result = await call()
+            except Exception as exc:
+                _time_handle_call(state, provider, span_name, started, exc)
+                raise
+            _time_handle_call(state, provider, span_name, started, result)
             if describe is not None:
                 try:
                     span.set_attributes(describe(result))
@@ -388,7 +448,9 @@ async def traced_close(
         return await call()
     try:
         identity = _identity_or_empty(state, handle)
-        stopping = _stop_samplers(state, [sandbox_key(handle)])
+        key = sandbox_key(handle)
+        _measure(state, lambda m: m.released(key))
+        stopping = _stop_samplers(state, [key])
     except Exception as exc:  # noqa: BLE001 - the provider's close must run regardless
         log_failure("stopping a sandbox's records", exc)
         identity, stopping = {}, []
@@ -411,6 +473,7 @@ async def traced_aclose(
     if _TRACING.get() != id(provider):
         try:
             keys = [key for key, _ in state.registry.of_provider(id(provider))]
+            _measure(state, lambda m: m.released(*keys))
             stopping = _stop_samplers(state, keys)
         except Exception as exc:  # noqa: BLE001 - the provider's aclose must run regardless
             log_failure("stopping a provider's records", exc)

@@ -35,6 +35,9 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import SandboxFleetMetrics
+from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
+    SandboxLifecycleMetrics,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanProcessor
 
@@ -271,6 +274,16 @@ class SandboxState:
             return SandboxFleetMetrics.of(self.meter_provider, version=self._version)
         except Exception as exc:  # noqa: BLE001 - no counters is better than a failed sandbox
             log_failure("creating the sandbox fleet metrics", exc)
+            return None
+
+    def lifecycle_metrics(self) -> SandboxLifecycleMetrics | None:
+        """The lifecycle and usage instruments of this state's meter provider (one set per
+        provider, made on first use), or ``None`` when that provider cannot make them (logged
+        once)."""
+        try:
+            return SandboxLifecycleMetrics.of(self.meter_provider, version=self._version)
+        except Exception as exc:  # noqa: BLE001 - no metrics is better than a failed sandbox
+            log_failure("creating the sandbox lifecycle metrics", exc)
             return None
 
     @property

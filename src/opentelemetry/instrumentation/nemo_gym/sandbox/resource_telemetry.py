@@ -217,10 +217,15 @@ class ResourceSampler:
         return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
 
     def _count_oom_kills(self, sample: dict[str, Attribute]) -> None:
+        """Feed a usage sample to the fleet counters (OOM kills) and the usage totals (CPU
+        time, memory high-water mark), as differences to this sampler's previous sample."""
         previous, self._last_sample = self._last_sample, sample
         fleet = self._state.fleet_metrics()
         if fleet is not None:
             fleet.sample_recorded(self._provider_label, previous, sample)
+        lifecycle = self._state.lifecycle_metrics()
+        if lifecycle is not None:
+            lifecycle.sampled(self._provider_label, previous, sample)
 
     async def record(self, kind: str, final: bool = False) -> None:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
