@@ -310,3 +310,41 @@ async def test_builtin_docker_provider_records_equal_otel_docker_records(
     assert {k: v for k, v in builtin.items() if k not in per_sandbox} == {
         k: v for k, v in ours.items() if k not in per_sandbox
     }
+
+
+# NeMo Gym main's built-in providers and how this plugin reads each one's sandboxes.
+BUILT_IN_READERS = {
+    "docker": "DockerCliReader",
+    "apptainer": "not_read",
+    "enroot": "not_read",
+    "opensandbox": "remote",
+    "daytona": "remote",
+    "ecs_fargate": "remote",
+    "openshell": "remote",
+}
+
+
+def test_readers_table_names_every_nemo_gym_main_built_in() -> None:
+    """Each built-in provider class NeMo Gym main's registry loads is in ``READERS`` by its
+    module and class name: the docker CLI reader, or the reason its records give."""
+    from nemo_gym.sandbox.providers import registry
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers import READERS
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
+        DockerCliReader,
+    )
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import (
+        UnknownResourcesReader,
+    )
+
+    assert set(BUILT_IN_READERS) <= set(registry.list_providers())
+    found = {}
+    for name in BUILT_IN_READERS:
+        cls = registry.get_provider_class(name)
+        reader = READERS[(cls.__module__, cls.__qualname__)](object())
+        if isinstance(reader, DockerCliReader):
+            found[name] = "DockerCliReader"
+        else:
+            assert isinstance(reader, UnknownResourcesReader)
+            found[name] = reader._answer.reason
+    assert found == BUILT_IN_READERS
