@@ -315,8 +315,8 @@ async def test_builtin_docker_provider_records_equal_otel_docker_records(
 # NeMo Gym main's built-in providers and how this plugin reads each one's sandboxes.
 BUILT_IN_READERS = {
     "docker": "DockerCliReader",
-    "apptainer": "not_read",
-    "enroot": "not_read",
+    "apptainer": "HostInstanceReader",
+    "enroot": "HostInstanceReader",
     "opensandbox": "remote",
     "daytona": "remote",
     "ecs_fargate": "remote",
@@ -333,6 +333,9 @@ def test_readers_table_names_every_nemo_gym_main_built_in() -> None:
     from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
         DockerCliReader,
     )
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import (
+        HostInstanceReader,
+    )
     from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import (
         UnknownResourcesReader,
     )
@@ -342,8 +345,8 @@ def test_readers_table_names_every_nemo_gym_main_built_in() -> None:
     for name in BUILT_IN_READERS:
         cls = registry.get_provider_class(name)
         reader = READERS[(cls.__module__, cls.__qualname__)](object())
-        if isinstance(reader, DockerCliReader):
-            found[name] = "DockerCliReader"
+        if isinstance(reader, DockerCliReader | HostInstanceReader):
+            found[name] = type(reader).__name__
         else:
             assert isinstance(reader, UnknownResourcesReader)
             found[name] = reader._answer.reason

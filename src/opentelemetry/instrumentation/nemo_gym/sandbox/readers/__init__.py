@@ -3,9 +3,12 @@
 A reader reads a sandbox's allocation and usage beside a provider that cannot say them
 itself: NeMo Gym's built-in providers. ``READERS`` names each provider class we know by its
 module and class name (so a user's provider that happens to be called ``docker`` is never
-mistaken for NeMo Gym's), with the reader made for it; one module per reader. Every other
-provider without ``ResourceProvider`` gets ``UnknownResourcesReader``, whose records say that
-allocation and usage are unknown and why.
+mistaken for NeMo Gym's), with the reader made for it; one module per reader:
+``docker_cli`` (``docker``), ``host_instance`` (``apptainer``, ``enroot``) and ``unknown``
+(the providers whose sandboxes run elsewhere: ``opensandbox``, ``daytona``, ``ecs_fargate``,
+``openshell``). Every other provider without ``ResourceProvider`` gets
+``UnknownResourcesReader`` too, whose records say that allocation and usage are unknown and
+why.
 
 ``resource_source(provider)`` is what the traced create reads records from: the provider
 itself when it implements ``ResourceProvider``, else its reader (one per provider object).
@@ -22,8 +25,11 @@ from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import ResourceProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import DockerCliReader
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import (
+    apptainer_reader,
+    enroot_reader,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import (
-    NOT_READ,
     REMOTE,
     UNKNOWN_PROVIDER,
     UnknownResourcesReader,
@@ -47,8 +53,8 @@ def _unknown(reason: str) -> Callable[[object], Reader]:
 # (module, class name) -> the reader made for one provider object of that class.
 READERS: dict[tuple[str, str], Callable[[object], Reader]] = {
     (_NEMO_GYM + "docker.provider", "DockerProvider"): DockerCliReader,
-    (_NEMO_GYM + "apptainer.provider", "ApptainerProvider"): _unknown(NOT_READ),
-    (_NEMO_GYM + "enroot.provider", "EnrootProvider"): _unknown(NOT_READ),
+    (_NEMO_GYM + "apptainer.provider", "ApptainerProvider"): apptainer_reader,
+    (_NEMO_GYM + "enroot.provider", "EnrootProvider"): enroot_reader,
     (_NEMO_GYM + "opensandbox.provider", "OpenSandboxProvider"): _unknown(REMOTE),
     (_NEMO_GYM + "daytona.provider", "DaytonaProvider"): _unknown(REMOTE),
     (_NEMO_GYM + "ecs_fargate.provider", "EcsFargateProvider"): _unknown(REMOTE),

@@ -6,8 +6,6 @@ Its records say so, and why, instead of saying nothing or 0: one allocation reco
 * ``remote``: NeMo Gym's providers whose sandboxes run on another service (``opensandbox``,
   ``daytona``, ``ecs_fargate``, ``openshell``); nothing on this host shows their limits or
   usage, and none of these providers offers a call that reads them back;
-* ``not_read``: NeMo Gym's host-process runtimes (``apptainer``, ``enroot``), whose instances
-  this plugin does not yet read;
 * ``unknown_provider``: any other provider that does not implement ``ResourceProvider``.
 """
 
@@ -16,10 +14,9 @@ from __future__ import annotations
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import ResourcesUnknown
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
 
-__all__ = ["NOT_READ", "REMOTE", "UNKNOWN_PROVIDER", "UnknownResourcesReader"]
+__all__ = ["REMOTE", "UNKNOWN_PROVIDER", "UnknownResourcesReader"]
 
 REMOTE = "remote"
-NOT_READ = "not_read"
 UNKNOWN_PROVIDER = "unknown_provider"
 
 
