@@ -160,7 +160,7 @@ async def test_host_instance_reader_reads_the_instance_cgroup(
             "--mount",
             "sh",
             "-c",
-            "head -c 300000000 /dev/zero | tail",
+            "echo 1000 >/proc/self/oom_score_adj; head -c 300000000 /dev/zero | tail",
         ),
         capture_output=True,
         timeout=120,

@@ -68,7 +68,11 @@ SCRIPT = textwrap.dedent(
         spec = SandboxSpec(image=sys.argv[2], resources=SandboxResources(cpu=0.5, memory_mib=64))
         sandbox = AsyncSandbox(CONFIGS[sys.argv[1]], spec)
         await sandbox.start()
-        oom = await sandbox.exec("head -c 300000000 /dev/zero | tail", timeout_s=60)
+        # The exec is the kernel's first choice in the container, never its keep-alive.
+        oom = await sandbox.exec(
+            "echo 1000 >/proc/self/oom_score_adj; head -c 300000000 /dev/zero | tail",
+            timeout_s=60,
+        )
         loop = await sandbox.exec(
             "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", timeout_s=60
         )
@@ -140,7 +144,14 @@ class Receiver:
         try:
             await asyncio.wait_for(wait(), BOUND_S)
         except TimeoutError:
-            pytest.fail(f"never {what} within {BOUND_S:.0f} s")
+            seen = {
+                service: [
+                    (r.get(P + "usage.cpu.time_s"), r.get(P + "usage.oom_kills"))
+                    for r in self.records(service)
+                ]
+                for service in self.spans
+            }
+            pytest.fail(f"never {what} within {BOUND_S:.0f} s; (cpu, oom kills) seen: {seen}")
 
     def records(self, service: str) -> list[dict[str, Any]]:
         return [a for name, a in self.spans.get(service, []) if name == "sandbox.resources"]
@@ -239,6 +250,9 @@ async def test_builtin_docker_provider_records_equal_otel_docker_records(
         for provider, process in processes.items():
             assert process.stdout is not None
             line = await asyncio.wait_for(process.stdout.readline(), BOUND_S)
+            if not line:  # the script ended early: say why
+                _, stderr = await asyncio.wait_for(process.communicate(), BOUND_S)
+                pytest.fail(f"{provider} script ended: {stderr.decode()[-3000:]}")
             assert json.loads(line) == {"oom_exit": 137, "loop_exit": 0}, provider
         for provider in providers:
             await receiver.until(
