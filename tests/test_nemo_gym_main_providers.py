@@ -74,7 +74,7 @@ SCRIPT = textwrap.dedent(
             timeout_s=60,
         )
         loop = await sandbox.exec(
-            "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", timeout_s=60
+            "sh -c 'while :; do :; done' >/dev/null 2>&1 &", timeout_s=60
         )
         print(json.dumps({"oom_exit": oom.return_code, "loop_exit": loop.return_code}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # the test says when it has seen enough
@@ -162,8 +162,13 @@ def _samples(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _growing_run(samples: list[dict[str, Any]]) -> bool:
-    """Whether ``SAMPLES`` periodic samples in a row each show more CPU time than the last."""
-    times = [s.get(P + "usage.cpu.time_s") for s in samples if not s[P + "resource.final"]]
+    """Whether ``SAMPLES`` periodic samples in a row, taken after the OOM kill (so while the
+    CPU loop runs), each show more CPU time than the last."""
+    times = [
+        s.get(P + "usage.cpu.time_s")
+        for s in samples
+        if not s[P + "resource.final"] and s.get(P + "usage.oom_kills") == 1
+    ]
     run = 1
     for before, after in itertools.pairwise(times):
         grew = isinstance(before, float) and isinstance(after, float) and after > before
