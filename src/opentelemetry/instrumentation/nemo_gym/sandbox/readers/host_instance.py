@@ -14,7 +14,8 @@ and no other process is in it.
   process provider's cgroup code.
 * Elsewhere the allocation is the init process with no limit (``<runtime>.proc``: nothing
   on this host enforces one on the instance alone), and a sample sums the instance's
-  processes in the ``/proc`` process table (``usage.source`` ``proc``: CPU time and memory
+  processes in the ``/proc`` process table (one scan per tick for all of a provider's
+  instances, the process provider's ``ProcScan``) (``usage.source`` ``proc``: CPU time and memory
   of the processes alive at the sample, no OOM count).
 
 The init and its cgroup are looked for at the allocation read (and at the first sample, if it
@@ -53,7 +54,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._container_cgroup import (
     cgroup_of_paths,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import proc_table
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB, SandboxHandle
 
 __all__ = ["COMPONENT", "HostInstanceReader", "apptainer_reader", "enroot_reader"]
@@ -108,6 +109,8 @@ class HostInstanceReader:
         self._runtime = runtime
         self._find_init = find_init
         self._known: dict[str, tuple[int, str, Cgroup | None]] = {}
+        # Samples without a cgroup share one /proc scan per tick, as the process provider's.
+        self._proc_scan = ProcScan()
         self._boot_id = read_file("/proc/sys/kernel/random/boot_id") or None
         hostname = socket.gethostname()
         self._host = ResourceDesignator("host", hostname) if hostname else None
@@ -148,7 +151,8 @@ class HostInstanceReader:
         _, namespace, cgroup = await self._instance(handle, fresh=False)
         if cgroup is not None:
             return cgroup_sample(cgroup)
-        rows = proc_table()
+        sessions = await self._proc_scan.sessions()
+        rows = [row for session in sessions.values() for row in session]
         members = instance_pids(namespace, [row[0] for row in rows])
         if not members:
             name = handle.sandbox_id
