@@ -7,7 +7,11 @@ Sources (one row each, where available here):
 * ``process (/proc)``: ``ProcessSandboxProvider(cgroups=False)``: the shared ``/proc`` scan;
 * ``docker (cgroup vN)``: ``DockerSandboxProvider`` reading the containers' cgroups;
 * ``docker (stats)``: the same containers through the engine's stats endpoint, as for an
-  engine on another machine (the provider with cgroup sampling off).
+  engine on another machine (the provider with cgroup sampling off);
+* ``docker CLI (cgroup vN)`` and ``docker CLI (stats)``: the same containers read as NeMo
+  Gym's built-in ``docker`` provider's are (``readers.docker_cli.DockerCliReader``, through
+  the ``docker`` CLI on ``PATH``, pointed at the same engine), from their cgroups and, with
+  cgroup sampling off, from ``docker stats``. Skipped without a ``docker`` CLI.
 
 Docker rows need a Docker-compatible engine (``--engine-socket``, ``DOCKER_HOST``,
 ``/var/run/docker.sock``, or ``scripts/start-podman.sh``'s socket) with the image.
@@ -15,8 +19,9 @@ Docker rows need a Docker-compatible engine (``--engine-socket``, ``DOCKER_HOST`
 For each source, after a warm-up, ``--rounds`` ticks: every sandbox sampled at once
 (``asyncio.gather`` of ``resource_sample``, the way samplers of one interval meet):
 
-* **plugin**: this process's CPU (``time.process_time``, all threads) per sample, median over
-  ticks;
+* **plugin**: this process's CPU (``time.process_time``, all threads) plus that of the
+  commands it ran and reaped (the ``docker`` CLI's, ``RUSAGE_CHILDREN``) per sample, median
+  over ticks;
 * **engine**: the container engine's CPU per sample, its whole process tree read from
   ``/proc`` (the process serving the socket and its descendants, reaped children included)
   over all ticks; other clients of a shared engine inflate it, so measure against a service
@@ -41,6 +46,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
+import shutil
 import sys
 import time
 import uuid
@@ -72,6 +79,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.docker import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import DockerCliReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
     ResourceSampler,
@@ -103,6 +111,27 @@ class _Answering:
         return dict(self._sample)
 
 
+class _StatsOnlyCli(DockerCliReader):
+    """NeMo Gym's docker provider's reader with every sample from ``docker stats``."""
+
+    _cgroup_sampling = False
+
+
+class _Cli:
+    """What the CLI reader needs of NeMo Gym's ``DockerProvider``: its binary."""
+
+    name = "docker"
+
+    def __init__(self, binary: str) -> None:
+        self._binary = binary
+
+
+def _cpu_s() -> float:
+    """This process's CPU and that of the children it reaped (the docker CLI's commands)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 @contextlib.asynccontextmanager
 async def _sandboxes(provider: Any, count: int, spec: SandboxSpec) -> AsyncIterator[list[Any]]:
     handles: list[SandboxHandle] = []
@@ -129,9 +158,9 @@ async def _ticks(
     per_tick: list[float] = []
     engine_before = tree_cpu_s(engine_pid) if engine_pid else None
     for _ in range(rounds):
-        start = time.process_time()
+        start = _cpu_s()
         await asyncio.gather(*(provider.resource_sample(h) for h in handles))
-        per_tick.append((time.process_time() - start) / len(handles))
+        per_tick.append((_cpu_s() - start) / len(handles))
     engine_after = tree_cpu_s(engine_pid) if engine_pid else None
     engine_us = None
     if engine_before is not None and engine_after is not None:
@@ -193,7 +222,10 @@ def _alternatives_us(sample: Mapping[str, Any], count: int) -> dict[str, float]:
 
 async def _live_share(provider: Any, handles: list[Any], seconds: float) -> float:
     samplers = [
-        ResourceSampler(provider, h, _identity(provider.name), LIVE_INTERVAL_S) for h in handles
+        ResourceSampler(
+            provider, h, _identity(getattr(provider, "name", "docker")), LIVE_INTERVAL_S
+        )
+        for h in handles
     ]
     for sampler in samplers:
         sampler.start()
@@ -265,6 +297,20 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 label = f"docker ({source.replace('.', ' ')})"
                 rows.append(await _row(label, docker, handles, args, engine_pid))
                 rows.append(await _row("docker (stats)", stats, handles, args, engine_pid))
+                binary = shutil.which("docker")
+                if binary is None:
+                    skipped["docker CLI"] = "no docker CLI on PATH"
+                else:
+                    # The CLI talks to the engine measured above.
+                    os.environ["DOCKER_HOST"] = f"unix://{socket_path}"
+                    cli = DockerCliReader(_Cli(binary))
+                    first = await cli.resource_sample(handles[0])
+                    source = str(sample_keys(first)[PREFIX + "usage.source"])
+                    label = f"docker CLI ({source.replace('.', ' ')})"
+                    rows.append(await _row(label, cli, handles, args, engine_pid))
+                    stats_cli = _StatsOnlyCli(_Cli(binary))
+                    label = "docker CLI (stats)"
+                    rows.append(await _row(label, stats_cli, handles, args, engine_pid))
         except Exception as error:
             skipped["docker"] = f"engine at {socket_path} failed: {error!r}"
         finally:

@@ -5,20 +5,24 @@ test_docker_cgroup_sampling.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _docker_usage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import Mount, Mounts
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import Cgroup
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import EngineClient
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import Attribute
 
 EARLY = Mounts({}, Mount("/", Path("/sys/fs/cgroup")))
 LATER = Mounts({}, Mount("/", Path("/mnt/cgroup")))
 
 
 async def _no_inspect(container_id: str) -> dict[str, Any]:
+    raise AssertionError("locate must not ask the engine")
+
+
+async def _no_stats(container_id: str) -> dict[str, Attribute]:
     raise AssertionError("locate must not ask the engine")
 
 
@@ -44,7 +48,7 @@ def test_mounts_read_once_and_again_only_when_a_cgroup_is_not_found(
 
     monkeypatch.setattr(_docker_usage, "read_mounts", read_mounts)
     monkeypatch.setattr(_docker_usage, "container_cgroup", container_cgroup)
-    usage = _docker_usage.ContainerUsage(cast(EngineClient, None), _no_inspect)
+    usage = _docker_usage.ContainerUsage(_no_inspect, _no_stats)
     running = {"State": {"Pid": 42, "Running": True}}
 
     def located(container_id: str) -> Cgroup | None:

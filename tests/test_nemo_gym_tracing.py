@@ -258,6 +258,21 @@ def run_python(code: str) -> dict[str, Any]:
     return result
 
 
+# The records of a provider the plugin does not know (no ResourceProvider, no reader): one
+# allocation record and one final sample, each saying why nothing is known; never a figure.
+UNKNOWN_PROVIDER_RECORDS = [
+    [
+        ["allocation.unknown_reason", "unknown_provider"],
+        ["resource.final", False],
+        ["resource.kind", "allocation"],
+    ],
+    [
+        ["resource.final", True],
+        ["resource.kind", "sample"],
+        ["usage.unknown_reason", "unknown_provider"],
+    ],
+]
+
 _SUBPROCESS = """
     import asyncio, json, sys
     from opentelemetry import metrics, trace
@@ -302,9 +317,24 @@ _SUBPROCESS = """
             if metric.name == "gym.sandbox.creations"
             for point in metric.data.data_points
         ]
-        names = [s.name for s in exporter.get_finished_spans()]
-        ids = {s.attributes.get("nemo.gym.sandbox.id") for s in exporter.get_finished_spans()}
-        found = {"imported_first": imported_first, "names": names, "ids": sorted(ids)}
+        spans = exporter.get_finished_spans()
+        names = [s.name for s in spans if s.name != "sandbox.resources"]
+        ids = {s.attributes.get("nemo.gym.sandbox.id") for s in spans}
+        # A provider the plugin does not know: its records say so, and nothing else.
+        records = sorted(
+            sorted(
+                (key[len("nemo.gym.sandbox."):], value)
+                for key, value in s.attributes.items()
+                if key.startswith(("nemo.gym.sandbox.resource.", "nemo.gym.sandbox.allocation.",
+                                   "nemo.gym.sandbox.usage."))
+            )
+            for s in spans
+            if s.name == "sandbox.resources"
+        )
+        found = {
+            "imported_first": imported_first, "names": names, "ids": sorted(ids),
+            "records": records,
+        }
         print(json.dumps({**found, "creations": creations}))
 """
 
@@ -326,6 +356,7 @@ def test_instrument_before_import_nemo_gym_traces_async_sandbox(nemo_gym: Module
         "imported_first": False,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
         "ids": ["fresh-1"],
+        "records": UNKNOWN_PROVIDER_RECORDS,
         "creations": [1],
     }
 
@@ -346,5 +377,6 @@ def test_instrument_after_import_nemo_gym_traces_async_sandbox(nemo_gym: ModuleT
         "imported_first": True,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
         "ids": ["fresh-1"],
+        "records": UNKNOWN_PROVIDER_RECORDS,
         "creations": [1],
     }

@@ -208,3 +208,18 @@ class ResourceProvider(Protocol):
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
         """One usage sample keyed ``PREFIX + "usage.<quantity>"`` (``PREFIX`` added if absent)."""
         ...
+
+
+@dataclass(frozen=True)
+class ResourcesUnknown:
+    """A resource reader's answer when it cannot know a sandbox's allocation or usage.
+
+    The record then carries ``allocation.unknown_reason`` or ``usage.unknown_reason`` with
+    ``reason`` (a short, stable code such as ``remote``), and no figure: unknown is never 0.
+    """
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str) or not self.reason:
+            raise ValueError(f"resources unknown reason={self.reason!r} must be a non-empty string")

@@ -53,8 +53,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxExecResult,
     SandboxHandle,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers import resource_source
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
-    ResourceProvider,
     ResourceSampler,
     record_request,
 )
@@ -344,9 +344,12 @@ def _start_resource_records(
 ) -> None:
     """Remember the sandbox, start its sampler and read its allocation in the background.
 
-    Nothing here waits for the provider: the allocation read runs in a task of its own,
-    bounded by ``PROVIDER_CALL_TIMEOUT_S``, and the sampler's first sample comes an interval
-    later.
+    The records come from the provider when it implements ``ResourceProvider``, else from
+    its resource reader (``readers``: NeMo Gym's built-in docker provider is read through its
+    CLI; providers we cannot read get records saying so, with one final sample and no
+    periodic ones). Nothing here waits for the provider: the allocation read runs in a task
+    of its own, bounded by ``PROVIDER_CALL_TIMEOUT_S``, and the sampler's first sample comes
+    an interval later.
     """
     try:
         identity: dict[str, Attribute] = {
@@ -356,10 +359,12 @@ def _start_resource_records(
         }
         entry = state.registry.remember(sandbox_key(handle), identity, id(provider), requested)
         # Nobody would see the records: skip the provider calls that produce them.
-        if not isinstance(provider, ResourceProvider) or not state.exporting():
+        if not state.exporting():
             return
+        source = resource_source(provider)
+        interval = state.sampling_interval() if getattr(source, "periodic", True) else 0.0
         with state.active():
-            sampler = ResourceSampler(provider, handle, identity, state.sampling_interval())
+            sampler = ResourceSampler(source, handle, identity, interval)
         sampler.start()
         entry.allocation = state.spawn(
             sampler.record("allocation"), f"nemo-gym sandbox allocation {handle.sandbox_id}"

@@ -38,6 +38,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     ResourceAllocation,
     ResourceDesignator,
     ResourceProvider,
+    ResourcesUnknown,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
     allocation_attributes,
@@ -252,9 +253,14 @@ class ResourceSampler:
         span = self._state.tracer.start_span(
             RECORD_SPAN_NAME, context=self._context, attributes=start
         )
+        data: dict[str, Attribute]
         try:
             answer = await _bounded(call(self._handle), timeout)
-            if kind == "allocation":
+            if isinstance(answer, ResourcesUnknown):
+                # Unknown, and why: never a figure, so nothing to compare or count either.
+                area = "allocation" if kind == "allocation" else "usage"
+                data = {f"{PREFIX}{area}.unknown_reason": answer.reason}
+            elif kind == "allocation":
                 data = allocation_attributes(answer)
                 data.update(self._allocation_extras(answer))
             else:
@@ -272,6 +278,15 @@ class ResourceSampler:
             log_failure(f"sandbox resource {kind} record", exc, self._key[0])
         finally:
             span.end()
+
+    def _release_reader(self) -> None:
+        """Tell a resource reader (``readers``) that has ``release`` the sandbox is done."""
+        release = getattr(self._provider, "release", None)
+        if callable(release):
+            try:
+                release(self._handle)
+            except Exception as exc:  # noqa: BLE001 - a reader's bookkeeping is not the caller's
+                log_failure("releasing a sandbox's resource reader", exc, self._key[0])
 
     async def run(self) -> None:
         """Record a ``sample`` every ``interval`` seconds until cancelled."""
@@ -332,6 +347,7 @@ class ResourceSampler:
                 await asyncio.wait((task,))
             if self._owner:
                 await self.record("sample", final=True)
+                self._release_reader()
         finally:
             if self._owner:
                 self._state.registry.release(self._key, self)

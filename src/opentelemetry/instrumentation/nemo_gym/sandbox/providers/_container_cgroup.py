@@ -34,12 +34,16 @@ __all__ = ["cgroup_of_paths", "container_cgroup"]
 
 
 def cgroup_of_paths(
-    mounts: Mounts, v1_paths: dict[str, str], v2_path: str | None, container_id: str
+    mounts: Mounts, v1_paths: dict[str, str], v2_path: str | None, container_id: str | None
 ) -> Cgroup | None:
     """The container's cgroup directories from a process's cgroup paths, or ``None`` when
-    they do not name ``container_id`` or no mount here shows them. Pure (no file access)."""
-    if not container_id:
+    they do not name ``container_id`` or no mount here shows them. Pure (no file access).
+    ``container_id=None`` names no container: the process's own cgroup, whatever its path
+    (the caller checks whose it is)."""
+    if container_id == "":
         return None
+    if container_id is None:
+        container_id = "/"  # in every cgroup path
     if "memory" in v1_paths and "memory" in mounts.v1:
         dirs = {}
         for controller, path in v1_paths.items():

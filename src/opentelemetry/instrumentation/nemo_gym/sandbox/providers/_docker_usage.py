@@ -38,10 +38,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._container_cgroup import (
     container_cgroup,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
-    sample_from_stats,
-)
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import EngineClient
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import Attribute
 
 __all__ = ["ContainerUsage"]
@@ -61,32 +57,40 @@ class _Located:
 class ContainerUsage:
     """The usage samples of one provider's containers (see the module).
 
-    ``inspect`` is the provider's inspect call; ``cgroups=False`` keeps every sample on the
-    engine's stats endpoint. Runs on the event loop; cgroup files are small kernel files
-    read synchronously. Engine failures raise as the engine client raises them.
+    ``inspect`` is the provider's inspect call and ``stats`` its reading of the engine's
+    stats for a running container, as ``usage.*`` attributes (``usage.source`` is
+    ``stats_source``): the Engine API's stats endpoint for ``otel_docker``, the CLI's
+    ``stats`` for NeMo Gym's docker provider. ``cgroups=False`` keeps every sample on
+    ``stats``. Runs on the event loop; cgroup files are small kernel files read
+    synchronously. Engine failures raise as ``inspect`` and ``stats`` raise them.
     """
 
     def __init__(
         self,
-        api: EngineClient,
         inspect: Callable[[str], Awaitable[dict[str, Any]]],
+        stats: Callable[[str], Awaitable[dict[str, Attribute]]],
         *,
+        stats_source: str = STATS_SOURCE,
         cgroups: bool = True,
     ) -> None:
-        self._api = api
         self._inspect = inspect
+        self._stats = stats
+        self._stats_source = stats_source
         self._cgroups = cgroups
         self._located: dict[str, _Located] = {}
         self._mounts: Mounts | None = None  # read at the first locate (see _container_cgroup)
 
     def locate(self, container_id: str, inspect: dict[str, Any]) -> None:
         """Find the container's cgroup from an inspect answer taken while it runs. Never
-        raises: this runs inside ``create``, which telemetry must not fail."""
+        raises: this runs inside ``create``, which telemetry must not fail. ``container_id``
+        is how the provider names the container (its ID, or the name NeMo Gym's provider
+        gave it); the cgroup is matched against the engine's ID in ``inspect``."""
         cgroup = None
         if self._cgroups:
             try:
                 pid = (inspect.get("State") or {}).get("Pid")
-                cgroup = self._container_cgroup(pid, container_id)
+                engine_id = str(inspect.get("Id") or container_id)
+                cgroup = self._container_cgroup(pid, engine_id)
             except Exception as exc:  # noqa: BLE001 - the stats endpoint still answers
                 LOGGER.debug("container %s: cgroup not located: %r", container_id, exc)
         self._located[container_id] = _Located(cgroup)
@@ -143,15 +147,10 @@ class ContainerUsage:
                 return sample
             located.cgroup = None  # gone: the container ended, or its cgroup moved
         state = await self._state(container_id, inspect)
-        sample = {"usage.source": STATS_SOURCE}
+        sample = {"usage.source": self._stats_source}
         sample.update(_ending(state))
         if state.get("Running"):
-            stats = await self._api.json(
-                "GET",
-                f"/containers/{container_id}/stats",
-                params={"stream": "false", "one-shot": "true"},
-            )
-            sample.update(sample_from_stats(stats))
+            sample.update(await self._stats(container_id))
         if located.oom_kills is not None:
             # The cgroup counted kills before it went: keep the count (never lower), and the
             # engine's flag is at least one kill the cgroup may not have shown in time.

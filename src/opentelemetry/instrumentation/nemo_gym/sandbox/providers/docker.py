@@ -30,6 +30,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources 
     allocation_from_inspect,
     daemon_scope,
     host_config,
+    sample_from_stats,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import (
@@ -107,7 +108,7 @@ class DockerSandboxProvider:
         self._exec_timeout_s = exec_timeout_s
         self._open: dict[str, Container] = {}
         self._daemon: dict[str, Any] | None = None
-        self._usage = ContainerUsage(self._api, self._inspect, cgroups=self._cgroup_sampling)
+        self._usage = ContainerUsage(self._inspect, self._stats, cgroups=self._cgroup_sampling)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create, start and wait for a container, then upload ``spec.files``.
@@ -366,6 +367,15 @@ class DockerSandboxProvider:
         if not isinstance(answer, dict):
             raise DockerEngineError(None, f"the engine sent no inspect answer for {container_id}")
         return answer
+
+    async def _stats(self, container_id: str) -> dict[str, Attribute]:
+        """The engine's one-shot stats of a running container, as usage attributes."""
+        stats = await self._api.json(
+            "GET",
+            f"/containers/{container_id}/stats",
+            params={"stream": "false", "one-shot": "true"},
+        )
+        return sample_from_stats(stats)
 
     async def _daemon_info(self) -> dict[str, Any]:
         """``Name`` and ``Scope`` of the daemon, read once per provider."""

@@ -1,0 +1,210 @@
+"""The resource reader of NeMo Gym's built-in ``docker`` provider, which drives a CLI.
+
+NeMo Gym's ``DockerProvider`` runs ``docker run``, ``docker exec`` and ``docker rm`` through
+the binary it found (``provider._binary``), naming each container ``nemo-gym-<hex>``
+(``handle.raw.name``, also the sandbox id). This reader asks the same binary, so it reads the
+engine that binary talks to: Docker, Podman through ``DOCKER_HOST``, or Podman itself where
+``podman-docker`` installs it as ``docker``. It records what ``otel_docker`` records, from
+the same code:
+
+* the allocation: ``<binary> inspect --type container <name>`` (``HostConfig``, the same
+  JSON on Docker and Podman) through ``allocation_from_inspect``, designated by the engine's
+  container ID and scoped by the daemon as ``otel_docker`` scopes it (``<binary> info``, and
+  ``<binary> version`` to tell Podman's compatible service from Docker);
+* usage: the container's cgroup where this host can read it, found from the inspect's
+  ``State.Pid`` (``ContainerUsage``); else ``<binary> stats --no-stream``, whose text gives
+  memory and pids but no CPU time (``usage.source`` ``docker.cli.stats``).
+
+Each command is bounded by the record's timeout: a command still running when its record
+is abandoned is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
+    Attribute,
+    ResourceAllocation,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
+    allocation_from_inspect,
+    daemon_scope,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB, SandboxHandle
+
+__all__ = ["CLI_STATS_SOURCE", "DockerCliError", "DockerCliReader"]
+
+CLI_STATS_SOURCE = "docker.cli.stats"
+
+# "444KiB", "1.2MB", "64MiB": the CLI's human sizes (Docker's binary units, Podman's decimal).
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?i?B)\s*$", re.IGNORECASE)
+_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+class DockerCliError(RuntimeError):
+    """A CLI command that failed; the message is the command's name and exit code only (its
+    output may name user data)."""
+
+
+def _bytes_of(text: object) -> int | None:
+    """Bytes from a CLI size such as ``444KiB``; ``None`` for anything else."""
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    try:
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    except (KeyError, ValueError):
+        return None
+
+
+def sample_from_cli_stats(stats: Mapping[str, Any]) -> dict[str, Attribute]:
+    """Usage attributes from one ``stats --format '{{json .}}'`` line: memory (the first half
+    of ``MemUsage``) and pids; absent or unreadable fields are omitted, never 0."""
+    sample: dict[str, Attribute] = {}
+    memory = _bytes_of(str(stats.get("MemUsage", "")).split("/")[0])
+    if memory is not None:
+        sample["usage.memory_mib"] = memory / MIB
+    pids = stats.get("PIDs", stats.get("PIDS"))
+    if isinstance(pids, str) and pids.strip().isdigit():
+        sample["usage.pids"] = int(pids)
+    elif isinstance(pids, int) and not isinstance(pids, bool) and pids >= 0:
+        sample["usage.pids"] = pids
+    return sample
+
+
+def _container_name(handle: SandboxHandle) -> str:
+    """The container's name as NeMo Gym's provider gave it (also the sandbox id)."""
+    name = getattr(getattr(handle, "raw", None), "name", None)
+    return name if isinstance(name, str) and name else str(handle.sandbox_id)
+
+
+class DockerCliReader:
+    """Allocation and usage of one NeMo Gym ``DockerProvider``'s containers (see the module).
+
+    Runs on the event loop; never blocks it. Reads only: it never changes a container.
+    """
+
+    periodic = True
+    # Samples from containers' cgroups where readable; False keeps every sample on the CLI's
+    # stats (the tests compare the two paths on one container).
+    _cgroup_sampling = True
+
+    def __init__(self, provider: object) -> None:
+        binary = getattr(provider, "_binary", None)
+        self._binary = binary if isinstance(binary, str) and binary else shutil.which("docker")
+        self._daemon: dict[str, Any] | None = None
+        self._usage = ContainerUsage(
+            self._inspect,
+            self._stats,
+            stats_source=CLI_STATS_SOURCE,
+            cgroups=self._cgroup_sampling,
+        )
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        """The allocation the engine shows in the container's inspect, placed by the daemon."""
+        name = _container_name(handle)
+        inspect, daemon = await asyncio.gather(self._inspect(name), self._daemon_info())
+        if (inspect.get("State") or {}).get("Running"):
+            # The first sample then needs no inspect of its own to find the cgroup.
+            self._usage.locate(name, inspect)
+        return allocation_from_inspect(inspect, daemon)
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        """One usage sample, as ``otel_docker``'s (``ContainerUsage``)."""
+        return await self._usage.sample(_container_name(handle))
+
+    def release(self, handle: SandboxHandle) -> None:
+        """Forget the container (called after its final sample)."""
+        self._usage.forget(_container_name(handle))
+
+    async def _run(self, *args: str) -> str:
+        """The standard output of ``<binary> *args``; ``DockerCliError`` when it fails. A
+        cancelled read kills the command."""
+        if self._binary is None:
+            raise DockerCliError("no docker binary")
+        process = await asyncio.create_subprocess_exec(
+            self._binary,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            stdout, _ = await process.communicate()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise
+        if process.returncode != 0:
+            raise DockerCliError(f"docker {args[0]} exited with code {process.returncode}")
+        return stdout.decode("utf-8", "replace")
+
+    async def _json(self, *args: str) -> Any:
+        try:
+            return json.loads(await self._run(*args))
+        except json.JSONDecodeError as exc:
+            raise DockerCliError(f"docker {args[0]} printed no JSON") from exc
+
+    async def _inspect(self, name: str) -> dict[str, Any]:
+        answer = await self._json("inspect", "--type", "container", name)
+        if isinstance(answer, list) and answer and isinstance(answer[0], dict):
+            return answer[0]
+        raise DockerCliError("docker inspect printed no container")
+
+    async def _stats(self, name: str) -> dict[str, Attribute]:
+        line = await self._run("stats", "--no-stream", "--format", "{{json .}}", name)
+        try:
+            stats = json.loads(line.strip().splitlines()[0]) if line.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise DockerCliError("docker stats printed no JSON") from exc
+        return sample_from_cli_stats(stats) if isinstance(stats, dict) else {}
+
+    async def _daemon_info(self) -> dict[str, Any]:
+        """``Name`` and ``Scope`` of the engine, read once per reader, as ``otel_docker``'s
+        ``_daemon_info`` gives them for the same engine."""
+        if self._daemon is None:
+            info = await self._json("info", "--format", "{{json .}}")
+            info = info if isinstance(info, dict) else {}
+            if isinstance(info.get("host"), dict):
+                # Podman's own CLI (podman-docker): libpod's info.
+                self._daemon = {
+                    "Name": info["host"].get("hostname"),
+                    "Scope": daemon_scope({}, info),
+                }
+            elif await self._is_podman():
+                # Podman's compatible service: its Name is libpod's host name, its
+                # DockerRootDir libpod's storage root, so the scope is otel_docker's.
+                libpod = {
+                    "host": {"hostname": info.get("Name")},
+                    "store": {"graphRoot": info.get("DockerRootDir")},
+                }
+                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope({}, libpod)}
+            else:
+                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope(info, None)}
+        return self._daemon
+
+    async def _is_podman(self) -> bool:
+        server = await self._json("version", "--format", "{{json .Server}}")
+        components = server.get("Components") if isinstance(server, dict) else None
+        return any(
+            isinstance(c, dict) and str(c.get("Name", "")).startswith("Podman")
+            for c in components or ()
+        )

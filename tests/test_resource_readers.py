@@ -1,0 +1,199 @@
+"""Resource readers: records for providers that do not implement ``ResourceProvider``.
+
+A provider the plugin does not know (here one of the test's own in NeMo Gym's registry,
+named ``docker`` like NeMo Gym's) gets records saying allocation and usage are unknown and
+why. The reader of NeMo Gym's built-in docker provider is driven through the real ``docker``
+CLI against Podman (``DOCKER_HOST``): its allocation equals ``otel_docker``'s for the same
+container, and its fallback sample comes from ``docker stats``. NeMo Gym main's provider
+itself is exercised in ``test_nemo_gym_main_providers.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import require_service
+from nemo_gym_support import nemo_gym_sandbox
+from nemo_gym_telemetry import (
+    FINAL,
+    KIND,
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    Telemetry,
+    attrs,
+    instrumented_fixture,  # noqa: F401 - a fixture, used by name
+    register,
+    resource_records,
+    telemetry_fixture,  # noqa: F401 - a fixture, used by name
+)
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    MIB,
+    SandboxHandle,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.docker import (
+    DockerSandboxProvider,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers import READERS, resource_source
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
+    CLI_STATS_SOURCE,
+    DockerCliReader,
+    sample_from_cli_stats,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import UnknownResourcesReader
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
+from test_docker_provider import _image, engine_ready  # noqa: F401 - a fixture, used by name
+
+
+class DockerProvider:
+    """A user's provider that happens to share NeMo Gym's class name and provider name."""
+
+    name = "docker"
+
+    async def create(self, spec: Any) -> Any:
+        from nemo_gym.sandbox import SandboxHandle as NemoGymHandle
+
+        return NemoGymHandle(sandbox_id=uuid.uuid4().hex, provider_name=self.name, raw=None)
+
+    async def exec(self, handle: Any, command: str, **kwargs: Any) -> Any:
+        from nemo_gym.sandbox import SandboxExecResult
+
+        return SandboxExecResult(stdout="", stderr="", return_code=0)
+
+    async def close(self, handle: Any) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_resource_source_keys_readers_by_class_not_name() -> None:
+    """A provider named ``docker`` outside NeMo Gym's module gets the unknown reader, never the
+    CLI reader, and one reader per provider object."""
+    provider = DockerProvider()
+    reader = resource_source(provider)
+    assert isinstance(reader, UnknownResourcesReader)
+    assert resource_source(provider) is reader
+    assert (DockerProvider.__module__, "DockerProvider") not in READERS
+    assert READERS[("nemo_gym.sandbox.providers.docker.provider", "DockerProvider")] is (
+        DockerCliReader
+    )
+
+
+async def test_unknown_provider_records_say_unknown_and_why(
+    telemetry: Telemetry, instrumented: NemoGymInstrumentor
+) -> None:
+    """Through NeMo Gym's registry and AsyncSandbox, an unknown provider's sandbox gets one
+    allocation record and one final sample, each saying why nothing is known, and no figure."""
+    nemo_gym: ModuleType = nemo_gym_sandbox()
+    name = register(nemo_gym, DockerProvider)
+    async with nemo_gym.AsyncSandbox({name: {}}, nemo_gym.SandboxSpec()) as sandbox:
+        await sandbox.start()
+        await sandbox.exec("true")
+    (create,) = [attrs(s) for s in telemetry.finished("sandbox.create")]
+    identity = {k: create[k] for k in (REQUEST_ID, PROVIDER, SANDBOX_ID)}
+    records = await resource_records(telemetry, str(create[SANDBOX_ID]))
+    assert sorted(records, key=lambda r: str(r[KIND])) == [
+        {
+            **identity,
+            KIND: "allocation",
+            FINAL: False,
+            PREFIX + "allocation.unknown_reason": "unknown_provider",
+        },
+        {
+            **identity,
+            KIND: "sample",
+            FINAL: True,
+            PREFIX + "usage.unknown_reason": "unknown_provider",
+        },
+    ]
+    assert telemetry.points("gym.sandbox.oom_kills") == {}
+    telemetry.assert_nothing_elsewhere()
+
+
+def test_sample_from_cli_stats_reads_docker_and_podman_sizes() -> None:
+    """Docker's binary and Podman's decimal sizes become MiB, pids an int; nothing else is
+    guessed, and an unreadable field is absent, never 0."""
+    assert sample_from_cli_stats({"MemUsage": "444KiB / 64MiB", "PIDs": "2"}) == {
+        "usage.memory_mib": 444 / 1024,
+        "usage.pids": 2,
+    }
+    assert sample_from_cli_stats({"MemUsage": "1.5MB / 67.11MB", "PIDS": 3}) == {
+        "usage.memory_mib": 1.5e6 / MIB,
+        "usage.pids": 3,
+    }
+    assert sample_from_cli_stats({"MemUsage": "--", "PIDs": "--", "CPUPerc": "0.5%"}) == {}
+
+
+class _StatsOnlyReader(DockerCliReader):
+    """The CLI reader as where this host cannot read the container's cgroup."""
+
+    _cgroup_sampling = False
+
+
+class _CliProvider:
+    """What the reader needs of NeMo Gym's DockerProvider: the binary it drives."""
+
+    def __init__(self, binary: str) -> None:
+        self._binary = binary
+
+
+@pytest.fixture
+def cli_container(engine_ready: None) -> Iterator[str]:  # noqa: F811 - the fixture, by name
+    """A container started with the docker CLI as NeMo Gym's provider starts one."""
+    binary = shutil.which("docker")
+    require_service(binary is not None, "the docker CLI is not on PATH")
+    assert binary is not None
+    name = f"nemo-gym-{uuid.uuid4().hex}"
+    subprocess.run(
+        [binary, "run", "-d", "--name", name, "--cpus", "0.5", "--memory", "64m",
+         "--memory-swap", "64m", "--entrypoint", "/bin/sh", _image(), "-c",
+         "while :; do sleep 2147483647; done"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        yield name
+    finally:
+        subprocess.run([binary, "rm", "-f", name], check=False, capture_output=True, timeout=120)
+
+
+async def test_docker_cli_reader_matches_otel_docker_and_falls_back_to_stats(
+    cli_container: str,
+) -> None:
+    """Through the CLI, the allocation is what otel_docker reads over the Engine API for the
+    same container (same scope and host), the sample comes from the cgroup, and without the
+    cgroup from ``docker stats``."""
+    binary = shutil.which("docker")
+    assert binary is not None
+    handle = SandboxHandle(sandbox_id=cli_container, provider_name="docker", raw=None)
+    reader = DockerCliReader(_CliProvider(binary))
+    allocation = await reader.resource_allocation(handle)
+    engine_api = DockerSandboxProvider(api_timeout_s=15.0)
+    try:
+        container_id = allocation.designator.id if allocation.designator else ""
+        by_id = SandboxHandle(sandbox_id=container_id, provider_name="docker", raw=None)
+        assert allocation == await engine_api.resource_allocation(by_id)
+    finally:
+        await engine_api.aclose()
+    limits = allocation.components[0].limits
+    assert (limits.cpu, limits.memory_mib) == (0.5, 64)
+    assert len(container_id) == 64
+
+    sample = await reader.resource_sample(handle)
+    assert str(sample["usage.source"]).startswith("cgroup.v")
+    assert sample["usage.pids"] == 2  # the keep-alive shell and its sleep
+
+    stats = await _StatsOnlyReader(_CliProvider(binary)).resource_sample(handle)
+    assert stats["usage.source"] == CLI_STATS_SOURCE
+    assert stats["usage.pids"] == 2
+    assert stats["usage.oom_killed"] is False
+    assert isinstance(stats["usage.memory_mib"], float)
+    assert set(stats) == {"usage.source", "usage.oom_killed", "usage.memory_mib", "usage.pids"}
