@@ -5,9 +5,10 @@ A user's script, run under a real ``opentelemetry-instrument`` on NeMo Gym's rep
 ``AsyncSandbox({"docker": {...}}, spec)`` on real Podman through the ``docker`` CLI
 (``DOCKER_HOST``), runs an exec that the kernel OOM-kills and a CPU loop, and closes it; the
 same script with ``{"otel_docker": {...}}`` runs beside it. Spans and metrics go over OTLP/HTTP
-to a receiver on loopback here. The ``nemo_gym_main`` section (``SECTIONS`` in ``conftest.py``), which the main suite
-leaves out, runs it, and fails it when NeMo Gym main, the ``docker`` CLI or the engine is
-missing: ``.venv-nemo-gym-main/bin/python -m pytest -m nemo_gym_main tests/``.
+to a receiver on loopback here. The ``nemo_gym_main`` section (``SECTIONS`` in
+``conftest.py``), which the main suite leaves out, runs it, and fails it when NeMo Gym main,
+the ``docker`` CLI or the engine is missing:
+``.venv-nemo-gym-main/bin/python -m pytest -m nemo_gym_main tests/``.
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-
-from conftest import INSTRUMENT, serve_on_loopback
-
-pytestmark = [pytest.mark.nemo_gym_main, pytest.mark.integration]
-
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -39,6 +35,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from conftest import INSTRUMENT, serve_on_loopback
+
+pytestmark = [pytest.mark.nemo_gym_main, pytest.mark.integration]
 
 P = "nemo.gym.sandbox."
 IMAGE = "localhost/nemo-gym-busybox:latest"
