@@ -22,10 +22,8 @@ is abandoned is killed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +37,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources 
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB, SandboxHandle
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of, provider_binary
 
 __all__ = ["CLI_STATS_SOURCE", "DockerCliError", "DockerCliReader"]
 
@@ -108,8 +107,7 @@ class DockerCliReader:
     _cgroup_sampling = True
 
     def __init__(self, provider: object) -> None:
-        binary = getattr(provider, "_binary", None)
-        self._binary = binary if isinstance(binary, str) and binary else shutil.which("docker")
+        self._binary = provider_binary(provider, "docker")
         self._daemon: dict[str, Any] | None = None
         self._usage = ContainerUsage(
             self._inspect,
@@ -140,21 +138,9 @@ class DockerCliReader:
         cancelled read kills the command."""
         if self._binary is None:
             raise DockerCliError("no docker binary")
-        process = await asyncio.create_subprocess_exec(
-            self._binary,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            stdout, _ = await process.communicate()
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            raise
-        if process.returncode != 0:
-            raise DockerCliError(f"docker {args[0]} exited with code {process.returncode}")
+        returncode, stdout = await output_of(self._binary, *args)
+        if returncode != 0:
+            raise DockerCliError(f"docker {args[0]} exited with code {returncode}")
         return stdout.decode("utf-8", "replace")
 
     async def _json(self, *args: str) -> Any:

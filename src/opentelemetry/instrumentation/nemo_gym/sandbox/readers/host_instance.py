@@ -24,11 +24,8 @@ comes first); a sandbox is forgotten on ``release``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
-import shutil
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -56,6 +53,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._container_cgroup 
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB, SandboxHandle
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of, provider_binary
 
 __all__ = ["COMPONENT", "HostInstanceReader", "apptainer_reader", "enroot_reader"]
 
@@ -184,29 +182,14 @@ def enroot_reader(provider: object) -> HostInstanceReader:
 def apptainer_reader(provider: object) -> HostInstanceReader:
     """The reader of NeMo Gym's ``ApptainerProvider``: the init is the instance's ``pid`` in
     ``<binary> instance list --json``."""
-    binary = getattr(provider, "_binary", None)
-    binary = binary if isinstance(binary, str) and binary else shutil.which("apptainer")
+    binary = provider_binary(provider, "apptainer")
 
     async def find_init(handle: SandboxHandle) -> int | None:
         name = getattr(getattr(handle, "raw", None), "name", None) or str(handle.sandbox_id)
         if binary is None:
             return None
-        process = await asyncio.create_subprocess_exec(
-            binary,
-            "instance",
-            "list",
-            "--json",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            stdout, _ = await process.communicate()
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            raise
-        return _pid_of(stdout, name)
+        _, listing = await output_of(binary, "instance", "list", "--json")
+        return _pid_of(listing, name)
 
     return HostInstanceReader("apptainer", find_init)
 
