@@ -386,7 +386,7 @@ def test_lifecycle_metrics_prometheus_names(monkeypatch: pytest.MonkeyPatch) -> 
         lifecycle.created("process", None, 0.3, "SandboxCreateError", retry_of=(1, None))
         lifecycle.executed("process", 0.1)
         lifecycle.transferred("process", 0.1)
-        lifecycle._record(lifecycle._retries.add, 1, {PROVIDER: "process"})
+        lifecycle._retries.add(1, {PROVIDER: "process"})
         lifecycle.sampled("process", None, {"usage.cpu.time_s": 1.0, "usage.memory_mib": 2.0})
         text = generate_latest(registry).decode()
     finally:

@@ -22,14 +22,16 @@ record (mismatch attributes, warning and counter, container identity) and ``samp
 on each usage sample (OOM kills). ``new_oom_kills``
 reads OOM kills out of successive usage samples, and ``container_identity`` gives the
 ``container.id`` / ``container.runtime.name`` attributes of a container's allocation: both
-pure.
+pure. ``CappedLabels`` (the bound on distinct label values), ``guarded_record`` (an
+instrument call whose failure is logged once) and ``usage_value`` serve the lifecycle
+metrics (``_lifecycle_metrics``) too.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from opentelemetry import metrics
@@ -94,6 +96,45 @@ def error_type_of(error: BaseException) -> str:
     return type(error).__qualname__
 
 
+class CappedLabels:
+    """At most ``MAX_PROVIDER_LABELS`` distinct values of one attribute; later ones are
+    ``other`` (one warning). Thread-safe."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < MAX_PROVIDER_LABELS:
+                self._seen.add(value)
+                return value
+        _ONCE(
+            ("labels", self._what, id(self)),
+            logging.WARNING,
+            "nemo_gym: more than %d sandbox %s values; later ones are recorded as %r",
+            MAX_PROVIDER_LABELS,
+            self._what,
+            _OTHER,
+        )
+        return _OTHER
+
+
+def guarded_record(
+    record: Callable[[float, Mapping[str, str]], None], value: float, attributes: Any
+) -> None:
+    """``record(value, attributes)`` (an instrument's ``add``, ``record`` or ``set``), a
+    failure logged once per instrument: telemetry never fails the sandbox."""
+    try:
+        record(value, attributes)
+    except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
+        name = getattr(getattr(record, "__self__", None), "name", "sandbox metric")
+        _ONCE(("record", name), logging.WARNING, "nemo_gym: %s not recorded: %r", name, exc)
+
+
 class SandboxFleetMetrics:
     """The sandbox fleet counters of one meter provider, created once, here.
 
@@ -126,8 +167,7 @@ class SandboxFleetMetrics:
                 "provider, resource and kind (below_request, above_request, no_limit)."
             ),
         )
-        self._providers: set[str] = set()
-        self._lock = threading.Lock()
+        self._provider_label = CappedLabels("provider")
         self._warnings = MismatchWarnings()
 
     @classmethod
@@ -139,47 +179,18 @@ class SandboxFleetMetrics:
         cannot create instruments."""
         return _BY_PROVIDER.get(meter_provider, lambda: cls(meter_provider, version=version))
 
-    def _provider_label(self, provider: str) -> str:
-        with self._lock:
-            if provider in self._providers:
-                return provider
-            if len(self._providers) < MAX_PROVIDER_LABELS:
-                self._providers.add(provider)
-                return provider
-        _ONCE(
-            ("provider-labels", id(self)),
-            logging.WARNING,
-            "nemo_gym: more than %d sandbox provider names; later ones are counted as %r",
-            MAX_PROVIDER_LABELS,
-            _OTHER,
-        )
-        return _OTHER
-
-    def _add(self, counter: metrics.Counter, count: int, attributes: dict[str, str]) -> None:
-        try:
-            counter.add(count, attributes)
-        except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
-            name = getattr(counter, "name", "sandbox counter")
-            _ONCE(
-                ("add", name),
-                logging.WARNING,
-                "nemo_gym: %s not counted: %r",
-                name,
-                exc,
-            )
-
     def created(self, provider: str) -> None:
         """One sandbox created by ``provider``."""
-        self._add(
-            self._creations,
+        guarded_record(
+            self._creations.add,
             1,
             {ATTR_PROVIDER: self._provider_label(provider), ATTR_OUTCOME: OUTCOME_CREATED},
         )
 
     def failed(self, provider: str, error_type: str) -> None:
         """One failed creation by ``provider``; ``error_type`` as ``error_type_of`` gives it."""
-        self._add(
-            self._creations,
+        guarded_record(
+            self._creations.add,
             1,
             {
                 ATTR_PROVIDER: self._provider_label(provider),
@@ -191,13 +202,15 @@ class SandboxFleetMetrics:
     def oom_killed(self, provider: str, count: int = 1) -> None:
         """``count`` OOM kills seen in a sandbox of ``provider`` (nothing for ``count < 1``)."""
         if count >= 1:
-            self._add(self._oom_kills, count, {ATTR_PROVIDER: self._provider_label(provider)})
+            guarded_record(
+                self._oom_kills.add, count, {ATTR_PROVIDER: self._provider_label(provider)}
+            )
 
     def mismatched(self, provider: str, resource: str, kind: str) -> None:
         """One sandbox of ``provider`` whose ``resource`` limit differs from the request by
         ``kind`` (see ``_mismatch``)."""
-        self._add(
-            self._mismatches,
+        guarded_record(
+            self._mismatches.add,
             1,
             {
                 ATTR_PROVIDER: self._provider_label(provider),
@@ -237,8 +250,8 @@ class SandboxFleetMetrics:
 _BY_PROVIDER: PerProvider[SandboxFleetMetrics] = PerProvider()
 
 
-def _usage(sample: Mapping[str, Any], quantity: str) -> Any:
-    """A usage value, whether the sample's keys carry ``PREFIX`` or not."""
+def usage_value(sample: Mapping[str, Any], quantity: str) -> Any:
+    """A usage value, whether the sample's keys carry the ``nemo.gym.sandbox.`` prefix or not."""
     key = "usage." + quantity
     return sample.get("nemo.gym.sandbox." + key, sample.get(key))
 
@@ -253,12 +266,12 @@ def new_oom_kills(previous: Mapping[str, Any] | None, current: Mapping[str, Any]
     engine's ``OOMKilled``, about the container's main process only, all a remote engine
     tells) as 1 when it turns true. Absent or odd values count 0. Pure.
     """
-    count = _usage(current, "oom_kills")
+    count = usage_value(current, "oom_kills")
     if _is_count(count):
-        before = _usage(previous or {}, "oom_kills")
+        before = usage_value(previous or {}, "oom_kills")
         return max(0, int(count) - (int(before) if _is_count(before) else 0))
-    if _usage(current, "oom_killed") is True:
-        return 0 if _usage(previous or {}, "oom_killed") is True else 1
+    if usage_value(current, "oom_killed") is True:
+        return 0 if usage_value(previous or {}, "oom_killed") is True else 1
     return 0
 
 

@@ -52,7 +52,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from opentelemetry import metrics
@@ -66,8 +66,10 @@ from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     ATTR_ERROR_TYPE,
     ATTR_PROVIDER,
-    MAX_PROVIDER_LABELS,
     METER_NAME,
+    CappedLabels,
+    guarded_record,
+    usage_value,
 )
 
 __all__ = [
@@ -123,7 +125,6 @@ NEMO_GYM_METRICS_MODULE: Final = "nemo_gym.telemetry.gym_metrics"
 _NEMO_GYM_SETUP_MODULE: Final = "nemo_gym.telemetry.setup"
 
 _MIB: Final = 1024 * 1024
-_OTHER: Final = "other"
 # Failed creates remembered for retry counting; the oldest are dropped beyond this.
 _MAX_FAILED_CREATES: Final = 1024
 
@@ -160,38 +161,10 @@ def _server_name() -> str | None:
 
 def _number(sample: Mapping[str, Any], quantity: str) -> float | None:
     """A usage figure of a sample, with or without the ``nemo.gym.sandbox.`` prefix."""
-    key = "usage." + quantity
-    value = sample.get("nemo.gym.sandbox." + key, sample.get(key))
+    value = usage_value(sample, quantity)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         return None
     return float(value)
-
-
-class _CappedLabels:
-    """At most ``MAX_PROVIDER_LABELS`` distinct values of one attribute; later ones are
-    ``other`` (one warning)."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, value: str) -> str:
-        with self._lock:
-            if value in self._seen:
-                return value
-            if len(self._seen) < MAX_PROVIDER_LABELS:
-                self._seen.add(value)
-                return value
-        _ONCE(
-            ("labels", self._what, id(self)),
-            logging.WARNING,
-            "nemo_gym: more than %d sandbox %s values; later ones are recorded as %r",
-            MAX_PROVIDER_LABELS,
-            self._what,
-            _OTHER,
-        )
-        return _OTHER
 
 
 class SandboxLifecycleMetrics:
@@ -242,8 +215,8 @@ class SandboxLifecycleMetrics:
             unit=MEMORY_PEAK_UNIT,
             description="Highest memory use any sandbox reached, by provider and NeMo Gym server.",
         )
-        self._providers = _CappedLabels("provider")
-        self._error_types = _CappedLabels("error.type")
+        self._providers = CappedLabels("provider")
+        self._error_types = CappedLabels("error.type")
         self._lock = threading.Lock()
         # Sandboxes counted +1 on gym.sandbox.active -> the provider label they were counted
         # under: only those are counted -1, under the same label.
@@ -268,17 +241,6 @@ class SandboxLifecycleMetrics:
             attributes[ATTR_ERROR_TYPE] = self._error_types(error_type)
         return attributes
 
-    def _record(
-        self, record: Callable[[float, Mapping[str, str]], None], value: float, attributes: Any
-    ) -> None:
-        """``record(value, attributes)`` (an instrument's ``add``, ``record`` or ``set``),
-        a failure logged once per instrument."""
-        try:
-            record(value, attributes)
-        except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
-            name = getattr(getattr(record, "__self__", None), "name", "sandbox metric")
-            _ONCE(("record", name), logging.WARNING, "nemo_gym: %s not recorded: %r", name, exc)
-
     # --- lifecycle: what the traced calls report ------------------------------------------
 
     def created(
@@ -297,8 +259,8 @@ class SandboxLifecycleMetrics:
         if nemo_gym_records_lifecycle():
             return
         if retried:
-            self._record(self._retries.add, 1, self._attributes(provider, None))
-        self._record(
+            guarded_record(self._retries.add, 1, self._attributes(provider, None))
+        guarded_record(
             self._startup.record, duration_s * 1000.0, self._attributes(provider, error_type)
         )
         if error_type is None and key is not None:
@@ -315,19 +277,19 @@ class SandboxLifecycleMetrics:
             with self._lock:
                 label = self._held.pop(key, None)
             if label is not None:
-                self._record(self._active.add, -1, {ATTR_PROVIDER: label})
+                guarded_record(self._active.add, -1, {ATTR_PROVIDER: label})
 
     def executed(self, provider: str, duration_s: float, error_type: str | None = None) -> None:
         """One command in a sandbox of ``provider`` took ``duration_s``."""
         if not nemo_gym_records_lifecycle():
-            self._record(
+            guarded_record(
                 self._exec.record, duration_s * 1000.0, self._attributes(provider, error_type)
             )
 
     def transferred(self, provider: str, duration_s: float, error_type: str | None = None) -> None:
         """One file upload or download with a sandbox of ``provider`` took ``duration_s``."""
         if not nemo_gym_records_lifecycle():
-            self._record(
+            guarded_record(
                 self._transfer.record, duration_s * 1000.0, self._attributes(provider, error_type)
             )
 
@@ -337,7 +299,7 @@ class SandboxLifecycleMetrics:
             if key in self._held:
                 return  # one sandbox is held once, however often it is connected to
             self._held[key] = label
-        self._record(self._active.add, 1, {ATTR_PROVIDER: label})
+        guarded_record(self._active.add, 1, {ATTR_PROVIDER: label})
 
     def _retry_seen(self, retry_of: tuple[object, object] | None, *, failed: bool) -> bool:
         """Whether this create retries a failed one; remembers it if it failed too."""
@@ -369,7 +331,7 @@ class SandboxLifecycleMetrics:
             before = _number(previous or {}, "cpu.time_s")
             used = cpu - before if before is not None and cpu >= before else cpu
             if used > 0:
-                self._record(self._cpu_time.add, used, attributes)
+                guarded_record(self._cpu_time.add, used, attributes)
         peak_mib = _number(sample, "memory_peak_mib")
         if peak_mib is None:
             peak_mib = _number(sample, "memory_mib")
@@ -382,7 +344,7 @@ class SandboxLifecycleMetrics:
                 return
             self._peaks[slot] = peak
             # Under the lock: a lower mark set after a higher one would be the gauge's value.
-            self._record(self._memory_peak.set, peak, attributes)
+            guarded_record(self._memory_peak.set, peak, attributes)
 
 
 _BY_PROVIDER: PerProvider[SandboxLifecycleMetrics] = PerProvider()
