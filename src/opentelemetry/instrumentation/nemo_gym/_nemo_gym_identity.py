@@ -57,14 +57,20 @@ _CLI_PREFIXES: Final = ("ng_", "nemo_gym_")
 Warn = Callable[[str], None]
 
 
+def server_name(environ: Mapping[str, str]) -> str | None:
+    """The name of the NeMo Gym server this process is (``NEMO_GYM_CONFIG_PATH``), or
+    ``None`` outside one."""
+    return environ.get(CONFIG_PATH_VARIABLE, "").strip() or None
+
+
 def nemo_gym_server_attributes(environ: Mapping[str, str], warn: Warn) -> dict[str, AttributeValue]:
     """The resource attributes of a NeMo Gym server process; empty elsewhere.
 
     ``warn`` receives a message naming the variable and key, never a value from the
     configuration. Never raises for any string input.
     """
-    name = environ.get(CONFIG_PATH_VARIABLE, "").strip()
-    if not name:
+    name = server_name(environ)
+    if name is None:
         return {}
     attributes: dict[str, AttributeValue] = {
         ATTR_SERVICE_NAME: name,

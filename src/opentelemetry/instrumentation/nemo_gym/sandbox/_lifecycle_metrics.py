@@ -59,7 +59,7 @@ from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._nemo_gym_identity import (
     ATTR_SERVER_NAME,
-    CONFIG_PATH_VARIABLE,
+    server_name,
 )
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
@@ -151,12 +151,6 @@ def nemo_gym_records_lifecycle() -> bool:
     except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
         _ONCE(("nemo-gym-check", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
         return False
-
-
-def _server_name() -> str | None:
-    """The NeMo Gym server this process is (``gym env start`` sets ``NEMO_GYM_CONFIG_PATH``)."""
-    name = os.environ.get(CONFIG_PATH_VARIABLE, "").strip()
-    return name or None
 
 
 def _number(sample: Mapping[str, Any], quantity: str) -> float | None:
@@ -323,7 +317,7 @@ class SandboxLifecycleMetrics:
         """Add the CPU time used since the sandbox's ``previous`` sample and raise the memory
         high-water mark of ``provider`` and this process's NeMo Gym server."""
         attributes = {ATTR_PROVIDER: self._providers(provider)}
-        server = _server_name()
+        server = server_name(os.environ)
         if server is not None:
             attributes[ATTR_SERVER_NAME] = server
         cpu = _number(sample, "cpu.time_s")
