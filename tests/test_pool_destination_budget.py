@@ -45,15 +45,22 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 MANY = 10_000
 
 
+def _series(attributes: Any) -> Any:
+    """A ``connections_created`` point's series: ``(address, port)``, or ``"overflow"``."""
+    if attributes.get(OVERFLOW_ATTRIBUTE):
+        return "overflow"
+    return (attributes["server.address"], attributes["server.port"])
+
+
 def _created(reader: InMemoryMetricReader) -> tuple[dict[tuple[Any, ...], int], int | None]:
     own: dict[tuple[Any, ...], int] = {}
     overflow: int | None = None
     for point in metric_points(reader.get_metrics_data(), CONNECTIONS_CREATED):
-        if point.attributes.get(OVERFLOW_ATTRIBUTE):
+        series = _series(point.attributes)
+        if series == "overflow":
             overflow = point.value
         else:
-            attributes = point.attributes
-            own[(attributes["server.address"], attributes["server.port"])] = point.value
+            own[series] = point.value
     return own, overflow
 
 
@@ -272,13 +279,6 @@ class _IncreaseReader:
         values = {_series(point.attributes): point.value for point in points}
         self.read((_series(p.attributes), p.start_time_unix_nano, p.value) for p in points)
         return values
-
-
-def _series(attributes: Any) -> Any:
-    """A ``connections_created`` point's series: ``(address, port)``, or ``"overflow"``."""
-    if attributes.get(OVERFLOW_ATTRIBUTE):
-        return "overflow"
-    return (attributes["server.address"], attributes["server.port"])
 
 
 @pytest.mark.parametrize(("seed", "limit"), [(1, 100), (2, 100), (3, 7), (4, 1)])
