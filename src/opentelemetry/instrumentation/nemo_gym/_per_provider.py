@@ -5,6 +5,8 @@ instruments returns the first ones and silently drops a second set's observable 
 So whatever owns instruments (the pool telemetry, the sandbox fleet counters) must exist once
 per provider, whoever asks for it and however often ``instrument()`` runs. ``PerProvider``
 keeps that one object, weakly keyed by the provider so that it goes when the provider goes.
+The sandbox resource readers (``sandbox.readers``) use it the same way, one reader per
+sandbox provider object.
 
 Thread-safe; the lock is made anew in a forked child, so a fork while another thread held it
 cannot hang the child's first lookup.

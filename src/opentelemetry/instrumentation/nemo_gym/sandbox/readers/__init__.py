@@ -18,11 +18,10 @@ or semaphores, and their reads are bounded like any provider's.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import ResourceProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import DockerCliReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import (
@@ -63,7 +62,7 @@ READERS: dict[tuple[str, str], Callable[[object], Reader]] = {
 
 # One reader per provider object (a reader keeps per-provider state: the daemon it asked,
 # the cgroups it found), dropped with the provider.
-_MADE: weakref.WeakKeyDictionary[Any, Reader] = weakref.WeakKeyDictionary()
+_MADE: PerProvider[Reader] = PerProvider()
 
 
 def resource_source(provider: object) -> Reader:
@@ -71,15 +70,11 @@ def resource_source(provider: object) -> Reader:
     from ``READERS``, or ``UnknownResourcesReader("unknown_provider")``."""
     if isinstance(provider, ResourceProvider):
         return provider
-    try:
-        made = _MADE.get(provider)
-    except TypeError:  # not weak-referenceable: a reader of its own each time
-        made = None
-    if made is not None:
-        return made
+    # A provider that cannot be weakly referenced gets a reader of its own each time.
+    return _MADE.get(provider, lambda: _new_reader(provider))
+
+
+def _new_reader(provider: object) -> Reader:
     kind = type(provider)
     factory = READERS.get((kind.__module__, kind.__qualname__), _unknown(UNKNOWN_PROVIDER))
-    reader = factory(provider)
-    with contextlib.suppress(TypeError):
-        _MADE[provider] = reader
-    return reader
+    return factory(provider)
