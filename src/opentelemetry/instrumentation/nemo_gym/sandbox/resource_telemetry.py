@@ -217,7 +217,7 @@ class ResourceSampler:
             return container_identity(allocation)
         return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
 
-    def _count_oom_kills(self, sample: dict[str, Attribute]) -> None:
+    def _feed_usage_metrics(self, sample: dict[str, Attribute]) -> None:
         """Feed a usage sample to the fleet counters (OOM kills) and the usage totals (CPU
         time, memory high-water mark), as differences to this sampler's previous sample."""
         previous, self._last_sample = self._last_sample, sample
@@ -265,7 +265,7 @@ class ResourceSampler:
                 data.update(self._allocation_extras(answer))
             else:
                 data = sample_attributes(answer)
-                self._count_oom_kills(data)
+                self._feed_usage_metrics(data)
             # The provider's answer never overrides the sandbox's identity.
             span.set_attributes({k: v for k, v in data.items() if k not in start})
         except asyncio.CancelledError:
