@@ -255,8 +255,9 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
     # the arguments, would each cost more than everything else a connect adds
     # (benchmarks/instruction_count.py). The coroutine returned is the next ``connect`` in the
     # MRO (aiohttp's), called with the caller's arguments, so ``await connector.connect(...)``
-    # behaves exactly as before, exceptions and cancellation included;
-    # ``test_connect_matches_aiohttp_signature`` fails if aiohttp changes the parameters.
+    # behaves exactly as before, exceptions and cancellation included. Where aiohttp changes
+    # the parameters, ``timed_connector_mismatch`` keeps connectors plain, and
+    # ``test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters`` fails.
     def connect(
         self, req: ClientRequest, traces: list[Trace], timeout: _ClientTimeout
     ) -> Coroutine[Any, Any, Connection]:
