@@ -40,8 +40,10 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 )
 
 # A command whose memory grows without bound: tail keeps the last lines of input that has
-# no newline, so it holds all 300 MB; the 64 MiB limit makes the kernel kill it.
-OOM_COMMAND = "head -c 300000000 /dev/zero | tail"
+# no newline, so it holds all 300 MB; the 64 MiB limit makes the kernel kill it. Its
+# oom_score_adj (inherited by the pipeline) makes it the kernel's first choice in the
+# container, never the container's main process (seen chosen on a loaded machine).
+OOM_COMMAND = "echo 1000 >/proc/self/oom_score_adj; head -c 300000000 /dev/zero | tail"
 
 
 class StatsOnlyProvider(DockerSandboxProvider):
