@@ -223,10 +223,6 @@ def test_sample_from_stats_absent_fields() -> None:
     assert sample_from_stats(None) == {}
 
 
-# --- the real engine ------------------------------------------------------------------------
-
-
-@pytest.mark.integration
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
 async def test_docker_provider_refuses_bad_timeouts(bad: object) -> None:
     """Timeouts must be finite positive seconds, in the constructor and in exec, as in the
@@ -240,6 +236,10 @@ async def test_docker_provider_refuses_bad_timeouts(bad: object) -> None:
     await docker.aclose()
 
 
+# --- the real engine ------------------------------------------------------------------------
+
+
+@pytest.mark.integration
 async def test_docker_provider_allocation_matches_engine(provider: DockerSandboxProvider) -> None:
     """The allocation is the container's HostConfig as the engine reports it, scoped by the
     daemon's identity and placed on the daemon's host."""
