@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 
 from conftest import metric_names
-
 from opentelemetry.instrumentation.nemo_gym.sandbox import _fleet_metrics
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     SandboxFleetMetrics,
