@@ -33,13 +33,11 @@ from nemo_gym_telemetry import (
     OOM_KILLS,
     PROVIDER,
     REQUEST_ID,
-    SANDBOX_ID,
     CappedProvider,
     Telemetry,
     attrs,
     holders,
     instrumented_fixture,  # noqa: F401 - a fixture, used by name
-    one,
     register,
     resource_records,
     telemetry_fixture,  # noqa: F401 - a fixture, used by name
@@ -52,6 +50,16 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PR
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     TracedSandboxProvider,
     sandbox_scope,
+)
+from span_support import (
+    KIND,
+    NOTHING_REQUESTED,
+    PROC_USAGE,
+    UNSPECIFIED,
+    UUID4_HEX,
+    identity,
+    process_allocation,
+    record,
 )
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
@@ -82,13 +90,19 @@ async def test_async_sandbox_otel_process_one_span_per_call(
     records = await resource_records(telemetry, sandbox_id)
     lifecycle = [s for s in telemetry.finished() if s.name in LIFECYCLE]
     assert [s.name for s in lifecycle] == list(LIFECYCLE)
-    (request_id,) = {attrs(s)[REQUEST_ID] for s in lifecycle}
-    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {sandbox_id}
-    assert {attrs(s)[PROVIDER] for s in lifecycle} == {"process"}
-    assert attrs(lifecycle[2])[PREFIX + "exec.return_code"] == 0
-    assert {r[REQUEST_ID] for r in records} == {request_id}
-    assert one(records, "allocation")[PREFIX + "allocation.source"] == "process"
-    assert not [k for k in one(records, "allocation") if k.startswith(MISMATCH)]
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox_id)
+    assert [attrs(s) for s in lifecycle] == [
+        {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED},
+        known,
+        {**known, PREFIX + "exec.return_code": 0},
+        known,
+        known,
+    ]
+    # No mismatch keys: the process provider enforces nothing, and nothing was requested.
+    assert sorted(records, key=lambda r: str(r[KIND])) == [
+        {**record(known, "allocation"), **process_allocation()},
+        {**record(known, "sample", final=True), **PROC_USAGE},
+    ]
     created = {
         (("nemo.gym.sandbox.outcome", "created"), ("nemo.gym.sandbox.provider", "process")): 1
     }
@@ -121,17 +135,44 @@ async def test_registered_provider_traced_through_create_provider(
 
     lifecycle = [s for s in telemetry.finished() if s.name in LIFECYCLE]
     assert [s.name for s in lifecycle] == ["sandbox.create", "sandbox.exec", "sandbox.close"]
-    (request_id,) = {attrs(s)[REQUEST_ID] for s in lifecycle}
-    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {handle.sandbox_id}
-    (create,) = telemetry.finished("sandbox.create")
-    assert attrs(create)[PROVIDER] == "capped"
-    assert attrs(create)[PREFIX + "requested.cpu"] == 2.0
-    assert attrs(create)[PREFIX + "requested.memory_mib"] == 256
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "capped", handle.sandbox_id)
+    assert [attrs(s) for s in lifecycle] == [
+        {
+            **known,
+            REQUEST_ID: UUID4_HEX,
+            PREFIX + "requested.cpu": 2.0,
+            PREFIX + "requested.memory_mib": 256,
+            UNSPECIFIED: ("disk_gib", "gpu", "gpu_type"),
+        },
+        {**known, PREFIX + "exec.return_code": 0},
+        known,
+    ]
     (grade,) = telemetry.finished("grade")
-    assert attrs(grade)[REQUEST_ID] == request_id
-    assert attrs(grade)[SANDBOX_ID] == handle.sandbox_id
-    assert {r[REQUEST_ID] for r in records} == {request_id}
-    assert one(records, "sample")[PREFIX + "usage.source"] == "capped"
+    assert attrs(grade) == known
+    allocation, component = PREFIX + "allocation.", PREFIX + "allocation.component.main."
+    assert sorted(records, key=lambda r: str(r[KIND])) == [
+        {
+            **record(known, "allocation"),
+            allocation + "source": "capped",
+            allocation + "designator.kind": "vm",
+            allocation + "designator.id": handle.sandbox_id,
+            allocation + "designator.scope": "eu",
+            allocation + "components": ("main",),
+            component + "requests.unspecified": ("cpu", "memory_mib", "disk_gib", "gpu"),
+            component + "limits.cpu": 0.5,
+            component + "limits.memory_mib": 256,
+            component + "limits.unspecified": ("disk_gib", "gpu"),
+            MISMATCH + "resources": ("cpu",),
+            MISMATCH + "cpu.kind": "below_request",
+            MISMATCH + "cpu.requested": 2.0,
+            MISMATCH + "cpu.allocated": 0.5,
+        },
+        {
+            **record(known, "sample", final=True),
+            PREFIX + "usage.cpu.time_s": 0.25,
+            PREFIX + "usage.source": "capped",
+        },
+    ]
     created = (("nemo.gym.sandbox.outcome", "created"), ("nemo.gym.sandbox.provider", "capped"))
     assert telemetry.points(CREATIONS) == {created: 1}
     telemetry.assert_nothing_elsewhere()
@@ -159,10 +200,13 @@ async def test_async_sandbox_create_error_same_object_failed_span_counted(
 
     (create,) = telemetry.finished("sandbox.create")
     assert create.status.status_code is StatusCode.ERROR
-    assert attrs(create)["error.type"] == "SandboxCreateError"
-    assert len(str(attrs(create)[REQUEST_ID])) == 32
-    assert attrs(create)[PROVIDER] == "failing"
-    assert attrs(create)[PREFIX + "requested.cpu"] == 1.0
+    assert attrs(create) == {
+        PROVIDER: "failing",
+        REQUEST_ID: UUID4_HEX,
+        PREFIX + "requested.cpu": 1.0,
+        UNSPECIFIED: ("memory_mib", "disk_gib", "gpu", "gpu_type"),
+        "error.type": "SandboxCreateError",
+    }
     assert "tenant 42" not in repr(attrs(create)) + repr(create.events)
     failed = (
         ("error.type", "SandboxCreateError"),
