@@ -297,17 +297,24 @@ async def test_traced_provider_passes_duck_typed_results_and_exceptions(
 
 
 async def test_traced_provider_cancellation_propagates(
-    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider, tmp_path: Path
 ) -> None:
-    """Cancelling a traced exec raises CancelledError in the caller."""
+    """Cancelling a traced exec raises CancelledError in the caller; its span says so."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    task = asyncio.ensure_future(provider.exec(sandbox, "sleep 30"))
-    await asyncio.sleep(0.1)
+    started = tmp_path / "started"
+    task = asyncio.ensure_future(provider.exec(sandbox, f"touch {started}; sleep 30"))
+    await eventually(started.exists, "the command running")  # a process outside the test
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await provider.close(sandbox)
+    (exec_span,) = named(exporter, "sandbox.exec")
+    request_id = attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
+    assert attrs(exec_span) == {
+        **identity(request_id, "process", sandbox.sandbox_id),
+        "error.type": "CancelledError",
+    }
 
 
 async def test_sandbox_span_processor_stamps_inside_scope_only(
