@@ -302,23 +302,44 @@ def run_python(code: str) -> dict[str, Any]:
     return result
 
 
-# The records of a provider the plugin does not know (no ResourceProvider, no reader): one
-# allocation record and one final sample, each saying why nothing is known; never a figure.
-UNKNOWN_PROVIDER_RECORDS = [
+# Every span of one AsyncSandbox of a provider the plugin does not know (no ResourceProvider,
+# no reader), sorted by name and record kind, its one request id written "<request id>": the
+# calls with the sandbox's identity, one allocation record and one final sample, each record
+# saying why nothing is known; never a figure.
+_FRESH = {
+    "nemo.gym.sandbox.request.id": "<request id>",
+    "nemo.gym.sandbox.provider": "fresh",
+    "nemo.gym.sandbox.id": "fresh-1",
+}
+UNKNOWN_PROVIDER_SPANS = [
+    ["sandbox.close", _FRESH],
     [
-        ["allocation.unknown_reason", "unknown_provider"],
-        ["resource.final", False],
-        ["resource.kind", "allocation"],
+        "sandbox.create",
+        {**_FRESH, "nemo.gym.sandbox.requested.unspecified": list(NOTHING_REQUESTED)},
+    ],
+    ["sandbox.exec", {**_FRESH, "nemo.gym.sandbox.exec.return_code": 0}],
+    [
+        "sandbox.resources",
+        {
+            **_FRESH,
+            "nemo.gym.sandbox.resource.kind": "allocation",
+            "nemo.gym.sandbox.resource.final": False,
+            "nemo.gym.sandbox.allocation.unknown_reason": "unknown_provider",
+        },
     ],
     [
-        ["resource.final", True],
-        ["resource.kind", "sample"],
-        ["usage.unknown_reason", "unknown_provider"],
+        "sandbox.resources",
+        {
+            **_FRESH,
+            "nemo.gym.sandbox.resource.kind": "sample",
+            "nemo.gym.sandbox.resource.final": True,
+            "nemo.gym.sandbox.usage.unknown_reason": "unknown_provider",
+        },
     ],
 ]
 
 _SUBPROCESS = """
-    import asyncio, json, sys
+    import asyncio, json, re, sys
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -363,21 +384,23 @@ _SUBPROCESS = """
         ]
         spans = exporter.get_finished_spans()
         names = [s.name for s in spans if s.name != "sandbox.resources"]
-        ids = {s.attributes.get("nemo.gym.sandbox.id") for s in spans}
-        # A provider the plugin does not know: its records say so, and nothing else.
-        records = sorted(
-            sorted(
-                (key[len("nemo.gym.sandbox."):], value)
-                for key, value in s.attributes.items()
-                if key.startswith(("nemo.gym.sandbox.resource.", "nemo.gym.sandbox.allocation.",
-                                   "nemo.gym.sandbox.usage."))
-            )
-            for s in spans
-            if s.name == "sandbox.resources"
+        # Every attribute of every span; the request id, fresh each run, shown as a mark.
+        request_id = "nemo.gym.sandbox.request.id"
+        request_ids = sorted({str(s.attributes.get(request_id)) for s in spans})
+        every = sorted(
+            (
+                [s.name, {k: "<request id>" if k == request_id else v
+                          for k, v in s.attributes.items()}]
+                for s in spans
+            ),
+            key=lambda span: (span[0], str(span[1].get("nemo.gym.sandbox.resource.kind"))),
+        )
+        one_uuid4 = len(request_ids) == 1 and bool(
+            re.fullmatch("[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}", request_ids[0])
         )
         found = {
-            "imported_first": imported_first, "names": names, "ids": sorted(ids),
-            "records": records,
+            "imported_first": imported_first, "names": names, "one_uuid4_request_id": one_uuid4,
+            "spans": every,
         }
         print(json.dumps({**found, "creations": creations}))
 """
@@ -399,8 +422,8 @@ def test_instrument_before_import_nemo_gym_traces_async_sandbox(nemo_gym: Module
     assert result == {
         "imported_first": False,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
-        "ids": ["fresh-1"],
-        "records": UNKNOWN_PROVIDER_RECORDS,
+        "one_uuid4_request_id": True,
+        "spans": UNKNOWN_PROVIDER_SPANS,
         "creations": [1],
     }
 
@@ -420,7 +443,7 @@ def test_instrument_after_import_nemo_gym_traces_async_sandbox(nemo_gym: ModuleT
     assert result == {
         "imported_first": True,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
-        "ids": ["fresh-1"],
-        "records": UNKNOWN_PROVIDER_RECORDS,
+        "one_uuid4_request_id": True,
+        "spans": UNKNOWN_PROVIDER_SPANS,
         "creations": [1],
     }
