@@ -388,12 +388,23 @@ async def test_set_auto_trace_traces_bundled_classes_and_restores(
         set_auto_trace(False)
     set_auto_trace(False)
     assert ProcessSandboxProvider.__dict__["create"] is original
-    assert [s.name for s in exporter.get_finished_spans() if s.name != "sandbox.resources"] == [
+    calls = [s for s in exporter.get_finished_spans() if s.name != "sandbox.resources"]
+    assert [s.name for s in calls] == [
         "sandbox.create",
         "sandbox.exec",
         "sandbox.close",
         "sandbox.create",
         "sandbox.close",
+    ]
+    first = identity(attrs(calls[0])[REQUEST_ID], "process", sandbox.sandbox_id)
+    second = identity(attrs(calls[3])[REQUEST_ID], "process", other.sandbox_id)
+    created = {REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED}
+    assert [attrs(s) for s in calls] == [
+        {**first, **created},
+        {**first, PREFIX + "exec.return_code": 4},
+        first,
+        {**second, **created},
+        second,
     ]
     exporter.clear()
     untraced = ProcessSandboxProvider(cgroups=False)
