@@ -14,6 +14,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tests.span_support import (
+    FINAL,
+    KIND,
+    SANDBOX_ID,
+    attributes_of,
+    matching,
+    usage_figures,
+)
 from tests.test_docker_provider import (  # noqa: F401 - fixtures used by name
     _nothing_left_behind,
     _socket,
@@ -190,13 +198,18 @@ async def test_docker_provider_exec_oom_kill_counted_container_lives(
         await sampler.stop()
     finally:
         await provider.close(handle)
-    got = [s.attributes or {} for s in records(span_exporter)]
-    assert [(r[PREFIX + "usage.oom_kills"], r[PREFIX + "resource.final"]) for r in got] == [
-        (0, False),
-        (1, False),
-        (1, True),
+    got = [attributes_of(s) for s in records(span_exporter)]
+    assert got == [
+        {
+            SANDBOX_ID: handle.sandbox_id,
+            KIND: "sample",
+            FINAL: final,
+            PREFIX + "usage.source": matching(r"cgroup\.v[12]"),
+            **usage_figures(r),
+            PREFIX + "usage.oom_kills": kills,
+        }
+        for r, (kills, final) in zip(got, [(0, False), (1, False), (1, True)], strict=True)
     ]
-    assert all(str(r[PREFIX + "usage.source"]).startswith("cgroup.v") for r in got)
     # The engine's flag is about the container's main process, which was not killed.
     assert engine_view["usage.oom_killed"] is False
     assert "usage.oom_kills" not in engine_view

@@ -25,6 +25,24 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from tests.conftest import require_service
+from tests.span_support import (
+    ERROR,
+    FINAL,
+    KIND,
+    NOTHING_REQUESTED,
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    UNSPECIFIED,
+    UUID4_HEX,
+    attributes_of,
+    identity,
+    matching,
+    one_of,
+    record,
+    sample_outcome,
+    usage_figures,
+)
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
     allocation_from_inspect,
@@ -223,10 +241,6 @@ def test_sample_from_stats_absent_fields() -> None:
     assert sample_from_stats(None) == {}
 
 
-# --- the real engine ------------------------------------------------------------------------
-
-
-@pytest.mark.integration
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
 async def test_docker_provider_refuses_bad_timeouts(bad: object) -> None:
     """Timeouts must be finite positive seconds, in the constructor and in exec, as in the
@@ -240,6 +254,10 @@ async def test_docker_provider_refuses_bad_timeouts(bad: object) -> None:
     await docker.aclose()
 
 
+# --- the real engine ------------------------------------------------------------------------
+
+
+@pytest.mark.integration
 async def test_docker_provider_allocation_matches_engine(provider: DockerSandboxProvider) -> None:
     """The allocation is the container's HostConfig as the engine reports it, scoped by the
     daemon's identity and placed on the daemon's host."""
@@ -408,17 +426,42 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
         await traced.close(handle)
     # The allocation record runs beside the samples, so it may end after the first of them.
     every = records(span_exporter)
-    (allocation,) = [
-        s.attributes or {}
-        for s in every
-        if (s.attributes or {})[PREFIX + "resource.kind"] == "allocation"
+    (create,) = [s for s in span_exporter.get_finished_spans() if s.name == "sandbox.create"]
+    known = identity(attributes_of(create)[REQUEST_ID], "docker", handle.sandbox_id)
+    (allocation,) = [attributes_of(s) for s in every if attributes_of(s)[KIND] == "allocation"]
+    base, container = PREFIX + "allocation.", PREFIX + "allocation.component.container."
+    assert allocation == {
+        **record(known, "allocation"),
+        base + "source": "docker.inspect",
+        base + "designator.kind": "container",
+        base + "designator.id": handle.sandbox_id,
+        base + "designator.scope": matching(".+"),
+        base + "host.kind": "host",
+        base + "host.id": matching(".+"),
+        base + "components": ("container",),
+        container + "requests.unspecified": ("cpu", "memory_mib", "disk_gib", "gpu"),
+        container + "limits.cpu": 0.1,
+        container + "limits.memory_mib": 64,
+        container + "limits.unspecified": ("disk_gib", "gpu"),
+        "container.id": handle.sandbox_id,
+        "container.runtime.name": one_of("docker", "podman"),
+    }
+    source = matching(r"cgroup\.v[12]|docker\.stats")
+    finals = [attributes_of(s) for s in every if attributes_of(s)[FINAL]]
+    assert finals == [
+        {
+            **record(known, "sample", final=True),
+            **sample_outcome(
+                finals[0], {PREFIX + "usage.source": source, **usage_figures(finals[0])}
+            ),
+        }
     ]
-    assert PREFIX + "resource.error" not in allocation
-    assert allocation[PREFIX + "allocation.component.container.limits.cpu"] == 0.1
-    finals = [s for s in every if (s.attributes or {})[PREFIX + "resource.final"]]
-    assert len(finals) == 1
     got = answered()
     assert len(got) >= 5
+    assert [attributes_of(s) for s in got] == [
+        {**record(known, "sample"), PREFIX + "usage.source": source, **usage_figures(a)}
+        for a in map(attributes_of, got)
+    ]
     timed = [(s.start_time or 0, (s.attributes or {})[cpu_key]) for s in got]
     cpu = [c for _, c in timed]
     assert cpu == sorted(cpu)
@@ -458,10 +501,16 @@ async def test_docker_provider_memory_hog_oom_killed(
         await sampler.stop()
     finally:
         await provider.close(handle)
-    (final,) = [s.attributes or {} for s in records(span_exporter)]
-    assert final[PREFIX + "resource.final"] is True
-    assert final[PREFIX + "usage.oom_killed"] is True
-    assert final[PREFIX + "usage.exit_code"] == 137
+    (final,) = [attributes_of(s) for s in records(span_exporter)]
+    assert final == {
+        SANDBOX_ID: handle.sandbox_id,
+        KIND: "sample",
+        FINAL: True,
+        PREFIX + "usage.source": matching(r"cgroup\.v[12]|docker\.stats"),
+        **usage_figures(final),
+        PREFIX + "usage.oom_killed": True,
+        PREFIX + "usage.exit_code": 137,
+    }
 
 
 @pytest.mark.integration
@@ -475,9 +524,9 @@ async def test_docker_provider_failed_sample_records_error(
     await provider.close(handle)
     sampler = ResourceSampler(provider, handle, {PREFIX + "id": handle.sandbox_id}, 0)
     await sampler.record("sample")
-    (record,) = [s.attributes or {} for s in records(span_exporter)]
-    assert record[PREFIX + "resource.error"] == "DockerEngineError"
-    assert not any(key.startswith(PREFIX + "usage.") for key in record)
+    assert [attributes_of(s) for s in records(span_exporter)] == [
+        {SANDBOX_ID: handle.sandbox_id, KIND: "sample", FINAL: False, ERROR: "DockerEngineError"}
+    ]
 
 
 async def _failed_create(
@@ -488,10 +537,13 @@ async def _failed_create(
     with pytest.raises(SandboxCreateError) as caught:
         await traced_provider(docker).create(sandbox)
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "sandbox.create"]
-    attributes = span.attributes or {}
     assert span.status.status_code is StatusCode.ERROR
-    assert attributes[PREFIX + "provider"] == "docker"
-    assert len(str(attributes[PREFIX + "request.id"])) == 32
+    assert attributes_of(span) == {
+        PROVIDER: "docker",
+        REQUEST_ID: UUID4_HEX,
+        UNSPECIFIED: NOTHING_REQUESTED,
+        "error.type": "SandboxCreateError",
+    }
     return str(caught.value), span
 
 

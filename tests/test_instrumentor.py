@@ -12,13 +12,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider
 
-from conftest import GatedServerFactory, eventually, queued
+from conftest import GatedServerFactory, eventually, fetch, queued, serve_on_loopback
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
@@ -225,9 +226,17 @@ async def test_instrument_never_raises(
     with caplog.at_level(logging.ERROR):
         instrumentor.instrument(meter_provider=object(), tracer_provider=object())
     assert "nemo_gym" in caplog.text
-    connector = aiohttp.TCPConnector()
-    assert isinstance(connector, aiohttp.TCPConnector)
-    await connector.close()
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    runner, port = await serve_on_loopback("127.0.0.1", hello)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert type(session.connector) is aiohttp.TCPConnector
+            assert await fetch(session, f"http://127.0.0.1:{port}/") == "hello"
+    finally:
+        await runner.cleanup()
 
 
 async def test_instrument_connection_pool_disabled_by_environment(

@@ -33,13 +33,11 @@ from nemo_gym_telemetry import (
     OOM_KILLS,
     PROVIDER,
     REQUEST_ID,
-    SANDBOX_ID,
     CappedProvider,
     Telemetry,
     attrs,
     holders,
     instrumented_fixture,  # noqa: F401 - a fixture, used by name
-    one,
     register,
     resource_records,
     telemetry_fixture,  # noqa: F401 - a fixture, used by name
@@ -52,6 +50,16 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PR
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     TracedSandboxProvider,
     sandbox_scope,
+)
+from span_support import (
+    KIND,
+    NOTHING_REQUESTED,
+    PROC_USAGE,
+    UNSPECIFIED,
+    UUID4_HEX,
+    identity,
+    process_allocation,
+    record,
 )
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
@@ -82,13 +90,19 @@ async def test_async_sandbox_otel_process_one_span_per_call(
     records = await resource_records(telemetry, sandbox_id)
     lifecycle = [s for s in telemetry.finished() if s.name in LIFECYCLE]
     assert [s.name for s in lifecycle] == list(LIFECYCLE)
-    (request_id,) = {attrs(s)[REQUEST_ID] for s in lifecycle}
-    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {sandbox_id}
-    assert {attrs(s)[PROVIDER] for s in lifecycle} == {"process"}
-    assert attrs(lifecycle[2])[PREFIX + "exec.return_code"] == 0
-    assert {r[REQUEST_ID] for r in records} == {request_id}
-    assert one(records, "allocation")[PREFIX + "allocation.source"] == "process"
-    assert not [k for k in one(records, "allocation") if k.startswith(MISMATCH)]
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox_id)
+    assert [attrs(s) for s in lifecycle] == [
+        {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED},
+        known,
+        {**known, PREFIX + "exec.return_code": 0},
+        known,
+        known,
+    ]
+    # No mismatch keys: the process provider enforces nothing, and nothing was requested.
+    assert sorted(records, key=lambda r: str(r[KIND])) == [
+        {**record(known, "allocation"), **process_allocation()},
+        {**record(known, "sample", final=True), **PROC_USAGE},
+    ]
     created = {
         (("nemo.gym.sandbox.outcome", "created"), ("nemo.gym.sandbox.provider", "process")): 1
     }
@@ -121,17 +135,44 @@ async def test_registered_provider_traced_through_create_provider(
 
     lifecycle = [s for s in telemetry.finished() if s.name in LIFECYCLE]
     assert [s.name for s in lifecycle] == ["sandbox.create", "sandbox.exec", "sandbox.close"]
-    (request_id,) = {attrs(s)[REQUEST_ID] for s in lifecycle}
-    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {handle.sandbox_id}
-    (create,) = telemetry.finished("sandbox.create")
-    assert attrs(create)[PROVIDER] == "capped"
-    assert attrs(create)[PREFIX + "requested.cpu"] == 2.0
-    assert attrs(create)[PREFIX + "requested.memory_mib"] == 256
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "capped", handle.sandbox_id)
+    assert [attrs(s) for s in lifecycle] == [
+        {
+            **known,
+            REQUEST_ID: UUID4_HEX,
+            PREFIX + "requested.cpu": 2.0,
+            PREFIX + "requested.memory_mib": 256,
+            UNSPECIFIED: ("disk_gib", "gpu", "gpu_type"),
+        },
+        {**known, PREFIX + "exec.return_code": 0},
+        known,
+    ]
     (grade,) = telemetry.finished("grade")
-    assert attrs(grade)[REQUEST_ID] == request_id
-    assert attrs(grade)[SANDBOX_ID] == handle.sandbox_id
-    assert {r[REQUEST_ID] for r in records} == {request_id}
-    assert one(records, "sample")[PREFIX + "usage.source"] == "capped"
+    assert attrs(grade) == known
+    allocation, component = PREFIX + "allocation.", PREFIX + "allocation.component.main."
+    assert sorted(records, key=lambda r: str(r[KIND])) == [
+        {
+            **record(known, "allocation"),
+            allocation + "source": "capped",
+            allocation + "designator.kind": "vm",
+            allocation + "designator.id": handle.sandbox_id,
+            allocation + "designator.scope": "eu",
+            allocation + "components": ("main",),
+            component + "requests.unspecified": ("cpu", "memory_mib", "disk_gib", "gpu"),
+            component + "limits.cpu": 0.5,
+            component + "limits.memory_mib": 256,
+            component + "limits.unspecified": ("disk_gib", "gpu"),
+            MISMATCH + "resources": ("cpu",),
+            MISMATCH + "cpu.kind": "below_request",
+            MISMATCH + "cpu.requested": 2.0,
+            MISMATCH + "cpu.allocated": 0.5,
+        },
+        {
+            **record(known, "sample", final=True),
+            PREFIX + "usage.cpu.time_s": 0.25,
+            PREFIX + "usage.source": "capped",
+        },
+    ]
     created = (("nemo.gym.sandbox.outcome", "created"), ("nemo.gym.sandbox.provider", "capped"))
     assert telemetry.points(CREATIONS) == {created: 1}
     telemetry.assert_nothing_elsewhere()
@@ -159,10 +200,13 @@ async def test_async_sandbox_create_error_same_object_failed_span_counted(
 
     (create,) = telemetry.finished("sandbox.create")
     assert create.status.status_code is StatusCode.ERROR
-    assert attrs(create)["error.type"] == "SandboxCreateError"
-    assert len(str(attrs(create)[REQUEST_ID])) == 32
-    assert attrs(create)[PROVIDER] == "failing"
-    assert attrs(create)[PREFIX + "requested.cpu"] == 1.0
+    assert attrs(create) == {
+        PROVIDER: "failing",
+        REQUEST_ID: UUID4_HEX,
+        PREFIX + "requested.cpu": 1.0,
+        UNSPECIFIED: ("memory_mib", "disk_gib", "gpu", "gpu_type"),
+        "error.type": "SandboxCreateError",
+    }
     assert "tenant 42" not in repr(attrs(create)) + repr(create.events)
     failed = (
         ("error.type", "SandboxCreateError"),
@@ -258,23 +302,44 @@ def run_python(code: str) -> dict[str, Any]:
     return result
 
 
-# The records of a provider the plugin does not know (no ResourceProvider, no reader): one
-# allocation record and one final sample, each saying why nothing is known; never a figure.
-UNKNOWN_PROVIDER_RECORDS = [
+# Every span of one AsyncSandbox of a provider the plugin does not know (no ResourceProvider,
+# no reader), sorted by name and record kind, its one request id written "<request id>": the
+# calls with the sandbox's identity, one allocation record and one final sample, each record
+# saying why nothing is known; never a figure.
+_FRESH = {
+    "nemo.gym.sandbox.request.id": "<request id>",
+    "nemo.gym.sandbox.provider": "fresh",
+    "nemo.gym.sandbox.id": "fresh-1",
+}
+UNKNOWN_PROVIDER_SPANS = [
+    ["sandbox.close", _FRESH],
     [
-        ["allocation.unknown_reason", "unknown_provider"],
-        ["resource.final", False],
-        ["resource.kind", "allocation"],
+        "sandbox.create",
+        {**_FRESH, "nemo.gym.sandbox.requested.unspecified": list(NOTHING_REQUESTED)},
+    ],
+    ["sandbox.exec", {**_FRESH, "nemo.gym.sandbox.exec.return_code": 0}],
+    [
+        "sandbox.resources",
+        {
+            **_FRESH,
+            "nemo.gym.sandbox.resource.kind": "allocation",
+            "nemo.gym.sandbox.resource.final": False,
+            "nemo.gym.sandbox.allocation.unknown_reason": "unknown_provider",
+        },
     ],
     [
-        ["resource.final", True],
-        ["resource.kind", "sample"],
-        ["usage.unknown_reason", "unknown_provider"],
+        "sandbox.resources",
+        {
+            **_FRESH,
+            "nemo.gym.sandbox.resource.kind": "sample",
+            "nemo.gym.sandbox.resource.final": True,
+            "nemo.gym.sandbox.usage.unknown_reason": "unknown_provider",
+        },
     ],
 ]
 
 _SUBPROCESS = """
-    import asyncio, json, sys
+    import asyncio, json, re, sys
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -319,21 +384,23 @@ _SUBPROCESS = """
         ]
         spans = exporter.get_finished_spans()
         names = [s.name for s in spans if s.name != "sandbox.resources"]
-        ids = {s.attributes.get("nemo.gym.sandbox.id") for s in spans}
-        # A provider the plugin does not know: its records say so, and nothing else.
-        records = sorted(
-            sorted(
-                (key[len("nemo.gym.sandbox."):], value)
-                for key, value in s.attributes.items()
-                if key.startswith(("nemo.gym.sandbox.resource.", "nemo.gym.sandbox.allocation.",
-                                   "nemo.gym.sandbox.usage."))
-            )
-            for s in spans
-            if s.name == "sandbox.resources"
+        # Every attribute of every span; the request id, fresh each run, shown as a mark.
+        request_id = "nemo.gym.sandbox.request.id"
+        request_ids = sorted({str(s.attributes.get(request_id)) for s in spans})
+        every = sorted(
+            (
+                [s.name, {k: "<request id>" if k == request_id else v
+                          for k, v in s.attributes.items()}]
+                for s in spans
+            ),
+            key=lambda span: (span[0], str(span[1].get("nemo.gym.sandbox.resource.kind"))),
+        )
+        one_uuid4 = len(request_ids) == 1 and bool(
+            re.fullmatch("[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}", request_ids[0])
         )
         found = {
-            "imported_first": imported_first, "names": names, "ids": sorted(ids),
-            "records": records,
+            "imported_first": imported_first, "names": names, "one_uuid4_request_id": one_uuid4,
+            "spans": every,
         }
         print(json.dumps({**found, "creations": creations}))
 """
@@ -355,8 +422,8 @@ def test_instrument_before_import_nemo_gym_traces_async_sandbox(nemo_gym: Module
     assert result == {
         "imported_first": False,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
-        "ids": ["fresh-1"],
-        "records": UNKNOWN_PROVIDER_RECORDS,
+        "one_uuid4_request_id": True,
+        "spans": UNKNOWN_PROVIDER_SPANS,
         "creations": [1],
     }
 
@@ -376,7 +443,7 @@ def test_instrument_after_import_nemo_gym_traces_async_sandbox(nemo_gym: ModuleT
     assert result == {
         "imported_first": True,
         "names": ["sandbox.create", "sandbox.exec", "sandbox.close"],
-        "ids": ["fresh-1"],
-        "records": UNKNOWN_PROVIDER_RECORDS,
+        "one_uuid4_request_id": True,
+        "spans": UNKNOWN_PROVIDER_SPANS,
         "creations": [1],
     }

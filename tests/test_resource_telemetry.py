@@ -37,6 +37,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     sampling_interval,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
+from span_support import ERROR, settled
+from span_support import record as recorded
 
 INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
 
@@ -55,16 +57,29 @@ ALLOCATION = ResourceAllocation(
 
 
 class FakeResources:
-    """A real ResourceProvider whose answers and failures the test controls."""
+    """A real ResourceProvider whose answers and failures the test controls.
+
+    ``hang`` makes every call wait for an hour; ``hang_calls`` makes only those sample calls
+    (numbered from 1) wait. ``sample_called(n)`` returns once the n-th sample call has begun:
+    the test waits on the provider being asked, never on the clock.
+    """
 
     def __init__(self) -> None:
         self.samples = 0
+        self.sample_calls = 0
         self.fail: BaseException | None = None
         self.hang = False
+        self.hang_calls: set[int] = set()
         self.ignore_cancel = False
+        self._asked = asyncio.Condition()
 
-    async def _answer(self) -> None:
-        if self.hang:
+    async def sample_called(self, count: int) -> None:
+        """Return once ``count`` sample calls have begun; fail after 30 s."""
+        async with asyncio.timeout(30), self._asked:
+            await self._asked.wait_for(lambda: self.sample_calls >= count)
+
+    async def _answer(self, hang: bool = False) -> None:
+        if self.hang or hang:
             if self.ignore_cancel:
                 # Swallows the first cancellation, as a badly written provider might.
                 try:
@@ -80,7 +95,10 @@ class FakeResources:
         return ALLOCATION
 
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
-        await self._answer()
+        async with self._asked:
+            self.sample_calls += 1
+            self._asked.notify_all()
+        await self._answer(self.sample_calls in self.hang_calls)
         self.samples += 1
         # One key without the prefix, one that tries to override the identity.
         return {"usage.pids": self.samples, PREFIX + "id": "spoofed"}
@@ -238,32 +256,28 @@ def test_fake_resources_is_a_resource_provider() -> None:
 async def test_resource_sampler_samples_at_interval_then_one_final(
     exporter: InMemorySpanExporter,
 ) -> None:
-    """Samples arrive every interval; stop() adds one final sample, and a second stop() none."""
+    """Samples arrive every interval, the identity winning over the provider's answer; stop()
+    cuts the one in flight short and adds one final sample, and a second stop() none."""
     provider = FakeResources()
+    provider.hang_calls = {4}
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.1)
     sampler.start()
     assert sampler.task is not None
-    for _ in range(600):  # bounded: wait on the condition, not on the clock
-        if len(records(exporter)) >= 3:
-            break
-        await asyncio.sleep(0.05)
+    await provider.sample_called(4)  # three periodic records have ended; the fourth waits
     await sampler.stop()
-    periodic = len([r for r in records(exporter) if not attrs(r)[PREFIX + "resource.final"]])
-    assert periodic >= 3
     await sampler.stop()
-    got = records(exporter)
-    assert len(got) == periodic + 1
-    assert [attrs(s)[PREFIX + "resource.final"] for s in got] == [False] * periodic + [True]
-    for span in got:
-        assert attrs(span)[PREFIX + "resource.kind"] == "sample"
-        assert attrs(span)[PREFIX + "id"] == "sbx-1"  # the identity wins over the provider
-        # A record stop() cut short (same loop turn as a due sample) says so instead.
-        answered = PREFIX + "usage.pids" in attrs(span)
-        assert answered or attrs(span)[PREFIX + "resource.error"] == "CancelledError"
+    pids = PREFIX + "usage.pids"
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), pids: 1},
+        {**recorded(IDENTITY, "sample"), pids: 2},
+        {**recorded(IDENTITY, "sample"), pids: 3},
+        {**recorded(IDENTITY, "sample"), ERROR: "CancelledError"},
+        {**recorded(IDENTITY, "sample", final=True), pids: 4},
+    ]
     assert sampler.task is not None
     assert sampler.task.done()
-    await asyncio.sleep(0.25)
-    assert len(records(exporter)) == periodic + 1
+    await settled()
+    assert len(records(exporter)) == 5
 
 
 async def test_resource_sampler_provider_error_becomes_record(
@@ -272,16 +286,18 @@ async def test_resource_sampler_provider_error_becomes_record(
     """A provider that raises yields records with resource.error and no exception."""
     provider = FakeResources()
     provider.fail = RuntimeError("daemon gone")
+    provider.hang_calls = {2}
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.1)
     await sampler.record("allocation")
     sampler.start()
-    await asyncio.sleep(0.15)
+    await provider.sample_called(2)  # the first periodic record has failed and ended
     await sampler.stop()
-    got = records(exporter)
-    assert len(got) >= 3
-    assert all(attrs(s)[PREFIX + "resource.error"] == "RuntimeError" for s in got)
-    assert attrs(got[0])[PREFIX + "resource.kind"] == "allocation"
-    assert attrs(got[-1])[PREFIX + "resource.final"] is True
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "allocation"), ERROR: "RuntimeError"},
+        {**recorded(IDENTITY, "sample"), ERROR: "RuntimeError"},
+        {**recorded(IDENTITY, "sample"), ERROR: "CancelledError"},  # the second, cut short
+        {**recorded(IDENTITY, "sample", final=True), ERROR: "RuntimeError"},
+    ]
 
 
 async def test_resource_sampler_hanging_provider_does_not_delay_stop(
@@ -293,12 +309,13 @@ async def test_resource_sampler_hanging_provider_does_not_delay_stop(
     provider.ignore_cancel = True
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.2)
     sampler.start()
-    await asyncio.sleep(0.3)
+    await provider.sample_called(1)  # the first periodic record is waiting on the provider
     # Bounded by the 0.2 s provider timeout; the provider itself would hang for an hour.
     await asyncio.wait_for(sampler.stop(), 5)
-    final = records(exporter)[-1]
-    assert attrs(final)[PREFIX + "resource.final"] is True
-    assert attrs(final)[PREFIX + "resource.error"] == "TimeoutError"
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), ERROR: "CancelledError"},
+        {**recorded(IDENTITY, "sample", final=True), ERROR: "TimeoutError"},
+    ]
 
 
 async def test_resource_sampler_stop_marks_record_cancelled_in_flight(
@@ -309,13 +326,12 @@ async def test_resource_sampler_stop_marks_record_cancelled_in_flight(
     provider.hang = True
     sampler = ResourceSampler(provider, handle(), IDENTITY, 0.2)
     sampler.start()
-    await asyncio.sleep(0.3)  # the first periodic record is now waiting on the provider
+    await provider.sample_called(1)  # the first periodic record is waiting on the provider
     await sampler.stop()
-    periodic = [r for r in records(exporter) if attrs(r)[PREFIX + "resource.final"] is False]
-    assert [attrs(r).get(PREFIX + "resource.error") for r in periodic] == ["CancelledError"]
-    for record in records(exporter):
-        has_usage = any(key.startswith(PREFIX + "usage.") for key in attrs(record))
-        assert has_usage or PREFIX + "resource.error" in attrs(record)
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), ERROR: "CancelledError"},
+        {**recorded(IDENTITY, "sample", final=True), ERROR: "TimeoutError"},
+    ]
 
 
 async def test_resource_sampler_second_sampler_starts_no_task(
@@ -332,7 +348,9 @@ async def test_resource_sampler_second_sampler_starts_no_task(
     await borrowed.stop()
     assert records(exporter) == []
     await owner.stop()
-    assert len([s for s in records(exporter) if attrs(s)[PREFIX + "resource.final"]]) == 1
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample", final=True), PREFIX + "usage.pids": 1}
+    ]
     # The owner released the sandbox: a new sampler may own it.
     later = ResourceSampler(provider, handle(), IDENTITY, 0.1)
     later.start()
@@ -348,7 +366,9 @@ async def test_resource_sampler_interval_zero_has_no_task_but_final(
     sampler.start()
     assert sampler.task is None
     await sampler.stop()
-    assert [attrs(s)[PREFIX + "resource.final"] for s in records(exporter)] == [True]
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample", final=True), PREFIX + "usage.pids": 1}
+    ]
 
 
 async def test_resource_sampler_records_parent_to_creation_context(
@@ -363,7 +383,10 @@ async def test_resource_sampler_records_parent_to_creation_context(
     (record,) = records(exporter)
     assert record.parent is not None
     assert record.parent.span_id == parent.get_span_context().span_id
-    assert attrs(record)[PREFIX + "allocation.designator.kind"] == "cgroup"
+    assert attrs(record) == {
+        **recorded(IDENTITY, "allocation"),
+        **allocation_attributes(ALLOCATION),
+    }
 
 
 async def test_resource_sampler_unknown_kind_raises(exporter: InMemorySpanExporter) -> None:
@@ -381,7 +404,7 @@ async def test_resource_sampler_cancelled_caller_propagates(
     provider.hang = True
     sampler = ResourceSampler(provider, handle(), IDENTITY, 10)
     task = asyncio.ensure_future(sampler.record("sample"))
-    await asyncio.sleep(0.05)
+    await provider.sample_called(1)  # the record is waiting on the provider
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

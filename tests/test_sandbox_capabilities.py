@@ -41,10 +41,16 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     sandbox_identity,
     traced_provider,
 )
+from span_support import (
+    NOTHING_REQUESTED,
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    UNSPECIFIED,
+    UUID4_HEX,
+)
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
-
-REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
 
 
 # --- protocols of the same shape as NeMo Gym's ----------------------------------------------
@@ -216,8 +222,14 @@ def spans(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [span for span in exporter.get_finished_spans() if span.name == name]
 
 
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
 def identity(span: ReadableSpan) -> dict[str, Any]:
-    attributes = dict(span.attributes or {})
+    """The identity keys of ``span`` (a create or connect span): what every later span of
+    that sandbox carries, and nothing else."""
+    attributes = attrs(span)
     return {key: attributes.get(key) for key in (REQUEST_ID, PROVIDER, SANDBOX_ID)}
 
 
@@ -318,11 +330,16 @@ async def test_traced_provider_capability_calls_reach_provider_as_spans(
         for mine, theirs in zip([endpoint, session, attached, descriptor], results, strict=True)
     )
     (created,) = spans(span_exporter, "sandbox.create")
+    assert attrs(created) == {
+        **identity(created),
+        REQUEST_ID: UUID4_HEX,
+        UNSPECIFIED: NOTHING_REQUESTED,
+    }
+    assert identity(created)[SANDBOX_ID] == handle.sandbox_id
     names = ["sandbox.endpoint", "sandbox.pty.create", "sandbox.pty.attach", "sandbox.serialize"]
     for name in names:
         (span,) = spans(span_exporter, name)
-        assert identity(span) == identity(created), name
-        assert identity(span)[SANDBOX_ID] == handle.sandbox_id
+        assert attrs(span) == identity(created), name
         values = [str(value) for value in (span.attributes or {}).values()]
         assert not any("do-not-record" in v or "127.0.0.1" in v for v in values)
 
@@ -345,8 +362,11 @@ async def test_traced_provider_capability_failure_reaches_caller_unchanged(
     assert str(raised.value) == str(direct.value)
     (span,) = spans(span_exporter, "sandbox.endpoint")
     assert span.status.status_code is StatusCode.ERROR
-    assert (span.attributes or {})["error.type"] == "RuntimeError"
-    assert (span.attributes or {})[SANDBOX_ID] == "not-a-sandbox"
+    assert attrs(span) == {
+        PROVIDER: provider.name,
+        SANDBOX_ID: "not-a-sandbox",
+        "error.type": "RuntimeError",
+    }
 
 
 async def test_traced_provider_connect_handle_is_known_as_created(
@@ -369,12 +389,16 @@ async def test_traced_provider_connect_handle_is_known_as_created(
         await creator.aclose()
     assert handle is connecting.calls.seen[-1][3]
     (connect,) = spans(span_exporter, "sandbox.connect")
-    assert identity(connect) == known
-    assert known[SANDBOX_ID] == descriptor["sandbox_id"]
-    assert len(str(known[REQUEST_ID])) == 32
+    assert known == {
+        REQUEST_ID: UUID4_HEX,
+        PROVIDER: connecting.name,
+        SANDBOX_ID: descriptor["sandbox_id"],
+    }
+    assert attrs(connect) == known
     (exec_span,) = spans(span_exporter, "sandbox.exec")
     (close,) = spans(span_exporter, "sandbox.close")
-    assert identity(exec_span) == identity(close) == known
+    assert attrs(exec_span) == {**known, PREFIX + "exec.return_code": 0}
+    assert attrs(close) == known
     assert len(state.registry) == 0  # closed: forgotten like a created sandbox
     assert spans(span_exporter, "sandbox.create") == []
 
@@ -440,9 +464,14 @@ async def test_instrumented_nemo_gym_provider_keeps_its_capabilities(
     finally:
         instrumentor.uninstrument()
     assert endpoint is provider.wrapped.calls.seen[0][3]
+    (created,) = spans(span_exporter, "sandbox.create")
     (span,) = spans(span_exporter, "sandbox.endpoint")
-    assert identity(span)[SANDBOX_ID] == handle.sandbox_id
-    assert identity(span)[PROVIDER] == "process"
+    assert attrs(span) == {
+        REQUEST_ID: UUID4_HEX,
+        PROVIDER: "process",
+        SANDBOX_ID: handle.sandbox_id,
+    }
+    assert attrs(span) == identity(created)
 
 
 # --- NeMo Gym main: its own protocols, its built-in providers, its AsyncSandbox ---------------
@@ -563,11 +592,11 @@ async def test_nemo_gym_main_async_sandbox_uses_every_capability_traced(
     names = ["sandbox.endpoint", "sandbox.pty.create", "sandbox.pty.attach", "sandbox.serialize"]
     for span_name in names:
         (span,) = spans(span_exporter, span_name)
-        assert identity(span) == identity(created), span_name
+        assert attrs(span) == identity(created), span_name
     (connect,) = spans(span_exporter, "sandbox.connect")
     (exec_span,) = spans(span_exporter, "sandbox.exec")
-    assert identity(connect)[SANDBOX_ID] == identity(exec_span)[SANDBOX_ID] == sandbox_id
-    assert identity(exec_span) == identity(connect)
+    assert attrs(connect) == {**identity(created), REQUEST_ID: UUID4_HEX}
+    assert attrs(exec_span) == {**identity(connect), PREFIX + "exec.return_code": 0}
     for span in span_exporter.get_finished_spans():
         values = [str(value) for value in (span.attributes or {}).values()]
         assert not any("do-not-record" in v for v in values), span.name

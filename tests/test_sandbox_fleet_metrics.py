@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import pytest
+from opentelemetry import metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -15,6 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
+from conftest import metric_names
 from opentelemetry.instrumentation.nemo_gym.sandbox import _fleet_metrics
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     SandboxFleetMetrics,
@@ -139,11 +141,28 @@ def test_fleet_metrics_provider_labels_bounded(
 
 
 def test_fleet_metrics_explicit_provider_not_global(
-    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    clean_metrics_globals: None,
 ) -> None:
     """Counters go to the meter provider given, not to the global one."""
-    SandboxFleetMetrics(meter_provider).created("process")
-    assert "gym.sandbox.creations" in points(metric_reader)
+    global_reader = InMemoryMetricReader()
+    global_provider = MeterProvider(metric_readers=[global_reader])
+    metrics.set_meter_provider(global_provider)
+    try:
+        SandboxFleetMetrics(meter_provider).created("process")
+        assert points(metric_reader) == {
+            "gym.sandbox.creations": [
+                (
+                    {"nemo.gym.sandbox.provider": "process", "nemo.gym.sandbox.outcome": "created"},
+                    1,
+                    "{sandbox}",
+                )
+            ]
+        }
+        assert metric_names(global_reader.get_metrics_data()) == set()
+    finally:
+        global_provider.shutdown()
 
 
 def test_new_oom_kills_cumulative_count() -> None:

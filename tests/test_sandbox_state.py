@@ -31,6 +31,22 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceSampler,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
+from span_support import (
+    ERROR,
+    FINAL,
+    KIND,
+    NOTHING_REQUESTED,
+    PROC_USAGE,
+    REQUEST_ID,
+    SANDBOX_ID,
+    UNSPECIFIED,
+    UUID4_HEX,
+    attributes_of,
+    identity,
+    process_allocation,
+    record,
+    settled,
+)
 
 INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
 SECRET = "hunter2-sk-live-4242"
@@ -144,8 +160,17 @@ async def test_traced_provider_uses_the_instrumentors_tracer_provider(
         "sandbox.exec",
         "sandbox.close",
     ]
-    kinds = sorted(str((r.attributes or {})[PREFIX + "resource.kind"]) for r in records(exporter))
-    assert kinds == ["allocation", "sample"]
+    calls = [s for s in exporter.get_finished_spans() if s.name != "sandbox.resources"]
+    known = identity(attributes_of(calls[0])[REQUEST_ID], "process", handle.sandbox_id)
+    assert [attributes_of(s) for s in calls] == [
+        {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED},
+        {**known, PREFIX + "exec.return_code": 0},
+        known,
+    ]
+    assert sorted((attributes_of(r) for r in records(exporter)), key=lambda r: str(r[KIND])) == [
+        {**record(known, "allocation"), **process_allocation()},
+        {**record(known, "sample", final=True), **PROC_USAGE},
+    ]
     scopes = {
         s.instrumentation_scope.name
         for s in exporter.get_finished_spans()
@@ -163,7 +188,7 @@ async def test_traced_provider_inside_suppress_instrumentation_passes_through(
         handle = await traced.create(SandboxSpec())
         result = await traced.exec(handle, "exit 5")
         await traced.close(handle)
-    await asyncio.sleep(0)
+    await settled()
     assert result.return_code == 5
     assert exporting.get_finished_spans() == ()
 
@@ -184,20 +209,17 @@ async def test_traced_create_returns_while_allocation_read_hangs(
     inner.answer_allocation.set()
     inner.answer_sample.set()
     await asyncio.wait_for(traced.close(handle), 2)
-    for _ in range(100):  # the allocation task ends a few loop turns after its answer
-        if any(
-            (r.attributes or {})[PREFIX + "resource.kind"] == "allocation"
-            for r in records(exporting)
-        ):
-            break
-        await asyncio.sleep(0)
-    allocation = [
-        r
-        for r in records(exporting)
-        if (r.attributes or {})[PREFIX + "resource.kind"] == "allocation"
+    await settled()  # the allocation task ends a few loop turns after its answer
+    (create,) = [s for s in exporting.get_finished_spans() if s.name == "sandbox.create"]
+    known = identity(attributes_of(create)[REQUEST_ID], "hanging", "h-1")
+    assert sorted((attributes_of(r) for r in records(exporting)), key=lambda r: str(r[KIND])) == [
+        {
+            **record(known, "allocation"),
+            PREFIX + "allocation.source": "hanging",
+            PREFIX + "allocation.components": (),
+        },
+        {**record(known, "sample", final=True), PREFIX + "usage.pids": 1},
     ]
-    assert len(allocation) == 1
-    assert (allocation[0].attributes or {})[PREFIX + "allocation.source"] == "hanging"
 
 
 async def test_traced_close_calls_provider_close_while_final_sample_hangs(
@@ -267,12 +289,18 @@ async def test_resource_sampler_cancelled_stop_storm_leaks_no_owner(
     outcomes = await asyncio.gather(*stops, return_exceptions=True)
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
     await asyncio.gather(*(s.stop() for s in samplers))  # retried: each completes
-    finals = [r for r in records(exporting) if (r.attributes or {})[PREFIX + "resource.final"]]
+    finals = sorted(
+        (attributes_of(r) for r in records(exporting) if attributes_of(r)[FINAL]),
+        key=lambda r: int(str(r[SANDBOX_ID]).removeprefix("s-")),
+    )
     later = [ResourceSampler(provider, h, {}, 10) for h in handles]
     for sampler in later:
         sampler.start()
     assert sum(s.task is not None for s in later) == 200
-    assert len(finals) == 200
+    assert finals == [
+        {SANDBOX_ID: h.sandbox_id, KIND: "sample", FINAL: True, PREFIX + "usage.pids": 1}
+        for h in handles
+    ]
     await asyncio.gather(*(s.stop() for s in later))
     from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state
 
@@ -320,11 +348,18 @@ async def test_traced_provider_failed_call_span_has_no_exception_text(
     (exec_span,) = [s for s in exporting.get_finished_spans() if s.name == "sandbox.exec"]
     assert exec_span.status.status_code is StatusCode.ERROR
     assert exec_span.status.description == "RuntimeError"
-    assert (exec_span.attributes or {})["error.type"] == "RuntimeError"
+    known = identity(attributes_of(exec_span)[REQUEST_ID], "leaky", "l-1")
+    assert attributes_of(exec_span) == {
+        **known,
+        REQUEST_ID: UUID4_HEX,
+        "error.type": "RuntimeError",
+    }
     for span in exporting.get_finished_spans():
         assert not any(SECRET in text for text in span_texts(span)), span.name
-    errors = {str((r.attributes or {}).get(PREFIX + "resource.error")) for r in records(exporting)}
-    assert errors == {"ValueError"}
+    assert [attributes_of(r) for r in records(exporting)] == [
+        {**record(known, "allocation"), ERROR: "ValueError"},
+        {**record(known, "sample", final=True), ERROR: "ValueError"},
+    ]
     assert not [r for r in caplog.records if SECRET in r.getMessage()]
 
 

@@ -15,11 +15,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider, StatusCode
 
-from conftest import require_service
+from conftest import eventually, require_service
 from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import default_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    EXEC_TIMEOUT_RETURN_CODE,
     SandboxCreateError,
     SandboxExecResult,
     SandboxSpec,
@@ -35,9 +36,27 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     set_auto_trace,
     traced_provider,
 )
+from span_support import (
+    FINAL,
+    KIND,
+    NOTHING_REQUESTED,
+    PROC_USAGE,
+    PROVIDER,
+    REQUEST_ID,
+    SANDBOX_ID,
+    UNSPECIFIED,
+    UUID4_HEX,
+    at_least,
+    between,
+    identity,
+    matching,
+    process_allocation,
+    record,
+    sample_outcome,
+    settled,
+)
 
 INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
-REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
 SECRET = "sk-live-do-not-record-4242"
 
 
@@ -109,14 +128,14 @@ async def test_traced_provider_create_records_request_and_identity(
     sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5}))
     await provider.close(sandbox)
     (create,) = named(exporter, "sandbox.create")
-    got = attrs(create)
-    assert len(got[REQUEST_ID]) == 32
-    assert got[PROVIDER] == "process"
-    assert got[SANDBOX_ID] == sandbox.sandbox_id
-    assert got[PREFIX + "requested.cpu"] == 0.5
-    assert "memory_mib" in got[PREFIX + "requested.unspecified"]
+    request_id = attrs(create)[REQUEST_ID]
+    assert attrs(create) == {
+        **identity(UUID4_HEX, "process", sandbox.sandbox_id),
+        PREFIX + "requested.cpu": 0.5,
+        UNSPECIFIED: ("memory_mib", "disk_gib", "gpu", "gpu_type"),
+    }
     (close,) = named(exporter, "sandbox.close")
-    assert attrs(close)[REQUEST_ID] == got[REQUEST_ID]
+    assert attrs(close) == identity(request_id, "process", sandbox.sandbox_id)
 
 
 async def test_traced_provider_failed_create_keeps_identity(
@@ -129,12 +148,16 @@ async def test_traced_provider_failed_create_keeps_identity(
             await provider.create(SandboxSpec(resources={"gpu": 1}))
     spans = named(exporter, "sandbox.create")
     assert len(spans) == 2
-    assert spans[0].attributes is not None
-    assert spans[0].attributes[REQUEST_ID] != attrs(spans[1])[REQUEST_ID]
+    assert attrs(spans[0])[REQUEST_ID] != attrs(spans[1])[REQUEST_ID]
     for span in spans:
         assert span.status.status_code is StatusCode.ERROR
-        assert attrs(span)[PREFIX + "requested.gpu"] == 1
-        assert SANDBOX_ID not in attrs(span)
+        assert attrs(span) == {
+            PROVIDER: "process",
+            REQUEST_ID: UUID4_HEX,
+            PREFIX + "requested.gpu": 1,
+            UNSPECIFIED: ("cpu", "memory_mib", "disk_gib", "gpu_type"),
+            "error.type": "SandboxCreateError",
+        }
     assert named(exporter, "sandbox.resources") == []
 
 
@@ -150,9 +173,13 @@ async def test_traced_provider_exec_records_return_code_never_command(
     await provider.exec(sandbox, f"sleep 5 # {SECRET}", timeout_s=0.1)
     await provider.close(sandbox)
     first, second = named(exporter, "sandbox.exec")
-    assert attrs(first)[PREFIX + "exec.return_code"] == 3
-    assert attrs(first)[SANDBOX_ID] == sandbox.sandbox_id
-    assert attrs(second)[PREFIX + "exec.error_type"] == "timeout"
+    known = identity(attrs(first)[REQUEST_ID], "process", sandbox.sandbox_id)
+    assert attrs(first) == {**known, REQUEST_ID: UUID4_HEX, PREFIX + "exec.return_code": 3}
+    assert attrs(second) == {
+        **known,
+        PREFIX + "exec.return_code": EXEC_TIMEOUT_RETURN_CODE,
+        PREFIX + "exec.error_type": "timeout",
+    }
     for span in exporter.get_finished_spans():
         texts = [str(v) for v in attrs(span).values()]
         texts += [str(v) for e in span.events for v in (e.attributes or {}).values()]
@@ -177,7 +204,13 @@ async def test_traced_provider_file_and_close_spans(
         "sandbox.download",
         "sandbox.close",
     ]
-    assert {attrs(s)[SANDBOX_ID] for s in lifecycle} == {sandbox.sandbox_id}
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox.sandbox_id)
+    assert attrs(lifecycle[0]) == {
+        **known,
+        REQUEST_ID: UUID4_HEX,
+        UNSPECIFIED: NOTHING_REQUESTED,
+    }
+    assert [attrs(s) for s in lifecycle[1:]] == [known] * 3
 
 
 async def test_traced_provider_records_allocation_samples_and_final(
@@ -189,23 +222,37 @@ async def test_traced_provider_records_allocation_samples_and_final(
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("rollout") as rollout:
         sandbox = await provider.create(SandboxSpec(resources={"memory_mib": 64}))
-    await asyncio.sleep(0.25)
+    # The sampler's clock, not the test's, decides when a periodic sample comes: wait for one.
+    await eventually(
+        lambda: len(named(exporter, "sandbox.resources")) >= 2, "a periodic sample recorded"
+    )
     await provider.close(sandbox)
     records = named(exporter, "sandbox.resources")
-    kinds = [attrs(r)[PREFIX + "resource.kind"] for r in records]
-    finals = [attrs(r)[PREFIX + "resource.final"] for r in records]
-    assert kinds[0] == "allocation"
-    assert kinds[1:] == ["sample"] * (len(records) - 1)
     assert len(records) >= 3
-    assert finals == [False] * (len(records) - 1) + [True]
-    assert attrs(records[0])[PREFIX + "allocation.source"] == "process"
-    for record in records:
-        assert record.parent is not None
-        assert record.parent.span_id == rollout.get_span_context().span_id
-        assert attrs(record)[SANDBOX_ID] == sandbox.sandbox_id
-        assert attrs(record)[REQUEST_ID] == attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
+    known = identity(
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+    )
+    mismatch = PREFIX + "allocation.mismatch."
+    assert attrs(records[0]) == {
+        **record(known, "allocation"),
+        **process_allocation(
+            {
+                mismatch + "resources": ("memory_mib",),
+                mismatch + "memory_mib.kind": "no_limit",
+                mismatch + "memory_mib.requested": 64,
+            }
+        ),
+    }
+    finals = [False] * (len(records) - 2) + [True]
+    assert [attrs(r) for r in records[1:]] == [
+        {**record(known, "sample", final), **sample_outcome(attrs(r), PROC_USAGE)}
+        for r, final in zip(records[1:], finals, strict=True)
+    ]
+    for made in records:
+        assert made.parent is not None
+        assert made.parent.span_id == rollout.get_span_context().span_id
     assert (process.name, sandbox.sandbox_id) not in default_state().registry
-    await asyncio.sleep(0.15)
+    await settled()
     assert len(named(exporter, "sandbox.resources")) == len(records)
 
 
@@ -235,26 +282,39 @@ async def test_traced_provider_passes_duck_typed_results_and_exceptions(
     assert caught.value is inner.raised[0]
     await provider.close(sandbox)
     await provider.aclose()
-    create = named(exporter, "sandbox.create")[0]
-    assert attrs(create)[SANDBOX_ID] == "n-1"
-    assert len(attrs(create)[REQUEST_ID]) == 32
+    (create,) = named(exporter, "sandbox.create")
+    known = identity(attrs(create)[REQUEST_ID], "nemo", "n-1")
+    assert attrs(create) == {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED}
     (exec_span,) = named(exporter, "sandbox.exec")
     assert exec_span.status.status_code is StatusCode.ERROR
+    assert attrs(exec_span) == {**known, "error.type": "BoomError"}
+    assert [attrs(r) for r in named(exporter, "sandbox.resources")] == [
+        {**record(known, "allocation"), PREFIX + "allocation.unknown_reason": "unknown_provider"},
+        {**record(known, "sample", True), PREFIX + "usage.unknown_reason": "unknown_provider"},
+    ]
+    assert attrs(named(exporter, "sandbox.close")[0]) == known
     assert traced_provider(provider) is provider
 
 
 async def test_traced_provider_cancellation_propagates(
-    exporter: InMemorySpanExporter, process: ProcessSandboxProvider
+    exporter: InMemorySpanExporter, process: ProcessSandboxProvider, tmp_path: Path
 ) -> None:
-    """Cancelling a traced exec raises CancelledError in the caller."""
+    """Cancelling a traced exec raises CancelledError in the caller; its span says so."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    task = asyncio.ensure_future(provider.exec(sandbox, "sleep 30"))
-    await asyncio.sleep(0.1)
+    started = tmp_path / "started"
+    task = asyncio.ensure_future(provider.exec(sandbox, f"touch {started}; sleep 30"))
+    await eventually(started.exists, "the command running")  # a process outside the test
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await provider.close(sandbox)
+    (exec_span,) = named(exporter, "sandbox.exec")
+    request_id = attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
+    assert attrs(exec_span) == {
+        **identity(request_id, "process", sandbox.sandbox_id),
+        "error.type": "CancelledError",
+    }
 
 
 async def test_sandbox_span_processor_stamps_inside_scope_only(
@@ -279,11 +339,11 @@ async def test_sandbox_span_processor_stamps_inside_scope_only(
     with sandbox_scope(sandbox), tracer.start_as_current_span("after.disable"):
         pass
     await provider.close(sandbox)
-    identity = attrs(named(exporter, "sandbox.create")[0])
-    inside = attrs(named(exporter, "tool.call")[0])
-    assert inside[REQUEST_ID] == identity[REQUEST_ID]
-    assert inside[SANDBOX_ID] == sandbox.sandbox_id
-    assert attrs(named(exporter, "explicit")[0])[SANDBOX_ID] == "mine"
+    known = identity(
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+    )
+    assert attrs(named(exporter, "tool.call")[0]) == known
+    assert attrs(named(exporter, "explicit")[0]) == {**known, SANDBOX_ID: "mine"}
     assert attrs(named(exporter, "outside")[0]) == {}
     assert attrs(named(exporter, "after.disable")[0]) == {}
 
@@ -328,12 +388,23 @@ async def test_set_auto_trace_traces_bundled_classes_and_restores(
         set_auto_trace(False)
     set_auto_trace(False)
     assert ProcessSandboxProvider.__dict__["create"] is original
-    assert [s.name for s in exporter.get_finished_spans() if s.name != "sandbox.resources"] == [
+    calls = [s for s in exporter.get_finished_spans() if s.name != "sandbox.resources"]
+    assert [s.name for s in calls] == [
         "sandbox.create",
         "sandbox.exec",
         "sandbox.close",
         "sandbox.create",
         "sandbox.close",
+    ]
+    first = identity(attrs(calls[0])[REQUEST_ID], "process", sandbox.sandbox_id)
+    second = identity(attrs(calls[3])[REQUEST_ID], "process", other.sandbox_id)
+    created = {REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED}
+    assert [attrs(s) for s in calls] == [
+        {**first, **created},
+        {**first, PREFIX + "exec.return_code": 4},
+        first,
+        {**second, **created},
+        second,
     ]
     exporter.clear()
     untraced = ProcessSandboxProvider(cgroups=False)
@@ -353,10 +424,12 @@ async def test_traced_provider_aclose_stops_unclosed_samplers(
     assert entry.sampler is not None
     await provider.aclose()
     assert key not in default_state().registry
-    finals = [
-        r for r in named(exporter, "sandbox.resources") if attrs(r)[PREFIX + "resource.final"]
+    (create,) = named(exporter, "sandbox.create")
+    known = identity(attrs(create)[REQUEST_ID], "process", sandbox.sandbox_id)
+    finals = [r for r in named(exporter, "sandbox.resources") if attrs(r)[FINAL]]
+    assert [attrs(r) for r in finals] == [
+        {**record(known, "sample", final=True), **sample_outcome(attrs(finals[0]), PROC_USAGE)}
     ]
-    assert len(finals) == 1
 
 
 async def test_traced_cgroup_sandbox_records_throttling_and_oom(
@@ -397,16 +470,48 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
         await provider.aclose()
     assert throttled_samples()
     records = named(exporter, "sandbox.resources")
-    (allocation,) = [r for r in records if attrs(r)[PREFIX + "resource.kind"] == "allocation"]
-    assert attrs(allocation)[PREFIX + "allocation.component.sandbox.limits.cpu"] == 0.1
-    assert attrs(allocation)[PREFIX + "allocation.component.sandbox.limits.memory_mib"] == 48
-    (final,) = [attrs(r) for r in records if attrs(r)[PREFIX + "resource.final"]]
-    assert final[PREFIX + "usage.oom_kills"] >= 1
-    assert final[PREFIX + "usage.memory_peak_mib"] <= 48
-    assert str(final[PREFIX + "usage.source"]).startswith("cgroup.v")
-    exec_hog = named(exporter, "sandbox.exec")[-1]
-    assert attrs(exec_hog)[PREFIX + "exec.return_code"] == 137
-    assert attrs(exec_hog)[PREFIX + "exec.error_type"] == "oom_kill"
+    known = identity(
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+    )
+    limits = PREFIX + "allocation.component.sandbox.limits."
+    (allocation,) = [attrs(r) for r in records if attrs(r)[KIND] == "allocation"]
+    assert allocation == {
+        **record(known, "allocation"),
+        **process_allocation(
+            {
+                limits + "cpu": 0.1,
+                limits + "memory_mib": 48,
+                limits + "unspecified": ("disk_gib", "gpu"),
+            },
+            cgroup=f"/nemo_gym/{sandbox.sandbox_id}",
+        ),
+    }
+    usage = PREFIX + "usage."
+    cgroup_usage = {
+        usage + "source": matching(r"cgroup\.v[12]"),
+        usage + "cpu.time_s": at_least(0),
+        usage + "cpu.throttled_s": at_least(0),
+        usage + "cpu.throttled_periods": at_least(0, int),
+        usage + "memory_mib": at_least(0),
+        usage + "memory_peak_mib": between(0, 48),
+        usage + "oom_kills": at_least(0, int),
+        usage + "pids": at_least(0, int),
+    }
+    periodic = [attrs(r) for r in records if attrs(r)[KIND] == "sample" and not attrs(r)[FINAL]]
+    assert periodic == [
+        {**record(known, "sample"), **sample_outcome(got, cgroup_usage)} for got in periodic
+    ]
+    (final,) = [attrs(r) for r in records if attrs(r)[FINAL]]
+    assert final == {
+        **record(known, "sample", final=True),
+        **cgroup_usage,
+        usage + "oom_kills": at_least(1, int),
+    }
+    assert [attrs(s) for s in named(exporter, "sandbox.exec")] == [
+        {**known, PREFIX + "exec.return_code": 0},
+        {**known, PREFIX + "exec.return_code": 0},
+        {**known, PREFIX + "exec.return_code": 137, PREFIX + "exec.error_type": "oom_kill"},
+    ]
 
 
 async def test_enable_disable_cycle_reuses_one_processor(
@@ -439,7 +544,10 @@ async def test_enable_disable_cycle_reuses_one_processor(
         tracing.disable()
     processors = span_processors(global_tracer_provider)
     assert sum(isinstance(p, SandboxSpanProcessor) for p in processors) == 1
-    assert attrs(named(exporter, "inside")[0])[SANDBOX_ID] == sandbox.sandbox_id
+    request_id = attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
+    assert attrs(named(exporter, "inside")[0]) == identity(
+        request_id, "process", sandbox.sandbox_id
+    )
     assert attrs(named(exporter, "off")[0]) == {}
     assert [s.name for s in named(exporter, "sandbox.create")] == ["sandbox.create"]
 
