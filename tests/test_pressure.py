@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 import logging
 import sys
 import time
+import tomllib
 import types
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +27,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from tests.conftest import eventually, metric_names, metric_points
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
+from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS,
     OTEL_PYTHON_NEMO_GYM_PRESSURE,
@@ -338,3 +342,15 @@ def test_settings_loop_lag_interval_read_in_milliseconds(monkeypatch: pytest.Mon
     assert _settings.loop_lag_interval_s() == 0.1
     monkeypatch.setenv(OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS, "250")
     assert _settings.loop_lag_interval_s() == 0.25
+
+
+def test_pressure_extra_goes_into_server_venvs() -> None:
+    """The pressure extra is the system-metrics instrumentation, and server-venvs' requirements
+    for the server virtualenvs carry it (at this environment's version) when it is installed."""
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    (requirement,) = pyproject["project"]["optional-dependencies"]["pressure"]
+    assert requirement.startswith("opentelemetry-instrumentation-system-metrics ")
+    version = importlib.metadata.version("opentelemetry-instrumentation-system-metrics")
+    assert (
+        f"opentelemetry-instrumentation-system-metrics=={version}" in opentelemetry_requirements()
+    )
