@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.metadata
+import json
 import logging
 import sys
 import time
@@ -24,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from tests.conftest import eventually, metric_names, metric_points
+from tests.conftest import eventually, metric_names, metric_points, run_under_instrument
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
 from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
@@ -34,6 +35,8 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry import _pressure
 from opentelemetry.instrumentation.nemo_gym.telemetry._loop_lag import LoopLagProbe
+
+APPS = Path(__file__).with_name("apps")
 
 # The time the tests hold a loop with synchronous work, and how much later than that a
 # measurement may end: generous for a shared two-core machine, yet far below a second hold.
@@ -354,3 +357,38 @@ def test_pressure_extra_goes_into_server_venvs() -> None:
     assert (
         f"opentelemetry-instrumentation-system-metrics=={version}" in opentelemetry_requirements()
     )
+
+
+def console_metrics(console: str) -> dict[str, list[dict[str, Any]]]:
+    """Every metric's data points in the console exporter's JSON documents, by name."""
+    decoder = json.JSONDecoder()
+    found: dict[str, list[dict[str, Any]]] = {}
+    position = 0
+    while (start := console.find("{", position)) >= 0:
+        document, position = decoder.raw_decode(console, start)
+        for resource in document["resource_metrics"]:
+            for scope in resource["scope_metrics"]:
+                for metric in scope["metrics"]:
+                    points = metric["data"]["data_points"]
+                    found.setdefault(metric["name"], []).extend(points)
+    return found
+
+
+def test_pressure_zero_code_uvicorn_server_reports() -> None:
+    """Under opentelemetry-instrument (as NeMo Gym's servers run), a uvicorn server whose
+    handler holds the loop for 0.3 s exports that lag, the GC and in-flight metrics, and the
+    four process metrics (system_metrics' own auto-instrumentation disabled, as the README
+    says), and no host-wide system.* metric."""
+    result = run_under_instrument(
+        APPS / "uvicorn_server.py",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="system_metrics",
+        OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS="10",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = console_metrics(result.stdout)
+    (lag,) = found[_pressure.LOOP_LAG]
+    assert (HOLD_S - 0.01) * 1000 <= lag["max"] < (HOLD_S + MARGIN_S) * 1000, lag
+    assert [p["value"] for p in found[_pressure.IN_FLIGHT]] == [0]
+    assert {_pressure.GC_PAUSE, _pressure.GC_COLLECTIONS, _pressure.GC_COUNT} <= set(found)
+    assert set(_pressure.PROCESS_METRICS) <= set(found)
+    assert not [name for name in found if name.startswith("system.")]
