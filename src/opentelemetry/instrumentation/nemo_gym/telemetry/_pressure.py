@@ -17,10 +17,10 @@ names these signals; users on NeMo Gym 0.4 and 0.5 get them from here:
   From ``gc.callbacks``: one histogram record per collection, the counters plain integers
   read at collection time;
 * ``gym.server.requests.in_flight`` (up-down counter, ``{request}``): HTTP requests the
-  server's ASGI app has been called with and not yet returned from, an integer the app wrapper
-  adds to and takes from, read at collection time (no OpenTelemetry call per request). The
-  observer page names it; its kind is not on the part we could read, and an up-down counter is
-  what sums across a server's worker processes.
+  server's ASGI app has been called with and not yet returned from: an integer per served
+  app that its wrapper adds to and takes from, summed at collection time (no OpenTelemetry
+  call per request). The observer page names it; its kind is not on the part we could read,
+  and an up-down counter is what sums across a server's worker processes.
 
 ``process.cpu.time``, ``process.memory.usage``, ``process.open_file_descriptor.count`` and
 ``process.thread.count`` come from ``opentelemetry-instrumentation-system-metrics`` (the
@@ -142,9 +142,11 @@ def nemo_gym_observer_records() -> bool:
 
 
 class _InFlight:
-    """A count only the serving loop's thread changes; read at collection time."""
+    """One served app's count, changed only on its serving loop's thread (NeMo Gym 0.4 serves
+    its head server on a thread of its own, so two apps may run in one process); read, summed
+    over the live apps, at collection time."""
 
-    __slots__ = ("value",)
+    __slots__ = ("__weakref__", "value")
 
     def __init__(self) -> None:
         self.value = 0
@@ -186,6 +188,8 @@ class InFlightApp:
             count.value -= 1
 
     def __getattr__(self, name: str) -> Any:
+        if name == "app":  # not set yet (a copy being made): no recursion through it
+            raise AttributeError(name)
         return getattr(self.app, name)
 
 
@@ -250,7 +254,7 @@ class _ProcessPressure:
             description="How late the event loop ran a callback scheduled for a known time.",
             explicit_bucket_boundaries_advisory=list(LOOP_LAG_BUCKETS_MS),
         )
-        self.in_flight = _InFlight()
+        self.in_flight: weakref.WeakSet[_InFlight] = weakref.WeakSet()
         self.gc = _GcPauses(
             meter.create_histogram(
                 GC_PAUSE,
@@ -264,7 +268,7 @@ class _ProcessPressure:
         def observe_in_flight(_options: metrics.CallbackOptions) -> Iterable[Any]:
             if nemo_gym_observer_records():
                 return []
-            return [metrics.Observation(in_flight.value)]
+            return [metrics.Observation(sum(count.value for count in list(in_flight)))]
 
         meter.create_observable_up_down_counter(
             IN_FLIGHT,
@@ -374,7 +378,9 @@ def wrap_app(app: Any) -> Any:
     pressure = _PROCESS
     if pressure is None or isinstance(app, InFlightApp):
         return app
-    return InFlightApp(app, pressure.in_flight)
+    count = _InFlight()
+    pressure.in_flight.add(count)
+    return InFlightApp(app, count)
 
 
 def stop() -> None:
