@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import logging
 import sys
+import threading
 import time
 import tomllib
 import types
@@ -392,3 +393,25 @@ def test_pressure_zero_code_uvicorn_server_reports() -> None:
     assert {_pressure.GC_PAUSE, _pressure.GC_COLLECTIONS, _pressure.GC_COUNT} <= set(found)
     assert set(_pressure.PROCESS_METRICS) <= set(found)
     assert not [name for name in found if name.startswith("system.")]
+
+
+async def test_pressure_gc_during_metrics_collection_does_not_deadlock(
+    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+) -> None:
+    """Garbage collections that start while the SDK collects the metrics (holding the pause
+    histogram's locks) are recorded at the next collection, not from inside this one."""
+    assert _pressure.start(meter_provider, asyncio.get_running_loop())
+    gc.collect()  # the pause histogram has a point whose collection allocates
+    thresholds = gc.get_threshold()
+    collecting = threading.Thread(target=metric_reader.get_metrics_data, daemon=True)
+    try:
+        gc.set_threshold(1)  # every allocation in the SDK's collection starts a collection
+        collecting.start()
+        collecting.join(timeout=30)  # bounds a deadlock; a live collection takes milliseconds
+        gc.set_threshold(*thresholds)
+        assert not collecting.is_alive()
+        pauses = metric_points(metric_reader.get_metrics_data(), _pressure.GC_PAUSE)
+    finally:
+        gc.set_threshold(*thresholds)
+        _pressure.stop()
+    assert sum(p.count for p in pauses if p.attributes[_pressure.ATTR_GC_GENERATION] == 0) >= 1

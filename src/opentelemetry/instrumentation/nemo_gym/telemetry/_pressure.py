@@ -14,8 +14,9 @@ names these signals; users on NeMo Gym 0.4 and 0.5 get them from here:
   ``gym.gc.collections_total``, ``gym.gc.collected_total``, ``gym.gc.uncollectable_total``
   (unit ``1``, as NeMo Gym's ``gym_metrics`` gives its counters), all by
   ``nemo.gym.gc.generation``; ``gym.gc.count`` (gauge, by generation): ``gc.get_count()``.
-  From ``gc.callbacks``: one histogram record per collection, the counters plain integers
-  read at collection time;
+  From ``gc.callbacks``, which call no OpenTelemetry code (a collection may start inside the
+  SDK holding a lock): each pause is buffered and recorded at the next collection of the
+  metrics, the counters are plain integers read then;
 * ``gym.server.requests.in_flight`` (up-down counter, ``{request}``): HTTP requests the
   server's ASGI app has been called with and not yet returned from: an integer per served
   app that its wrapper adds to and takes from, summed at collection time (no OpenTelemetry
@@ -38,6 +39,7 @@ rest once per process. ``install_gc_callback`` / ``uninstall`` are idempotent.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
@@ -133,6 +135,7 @@ PROCESS_METRICS: Final[dict[str, list[str] | None]] = {
 }
 
 _GENERATIONS: Final = (0, 1, 2)
+_MAX_PENDING_PAUSES: Final = 100_000
 _GENERATION_ATTRIBUTES: Final = {g: {ATTR_GC_GENERATION: g} for g in _GENERATIONS}
 
 
@@ -194,9 +197,16 @@ class InFlightApp:
 
 
 class _GcPauses:
-    """The ``gc.callbacks`` entry: times each collection, counts it per generation."""
+    """The ``gc.callbacks`` entry: times each collection, counts it per generation.
 
-    __slots__ = ("_histogram", "_started", "collected", "collections", "uncollectable")
+    It calls no OpenTelemetry code: a collection can start on any thread at any allocation,
+    also inside the SDK while it holds a lock (a collection of the metrics, say), and a record
+    taking that lock again there would deadlock. It appends the pause to a bounded deque and
+    adds to plain integers; ``flush()`` records the pauses at the start of each collection of
+    the metrics (``append``/``popleft`` are atomic under the GIL).
+    """
+
+    __slots__ = ("_histogram", "_started", "collected", "collections", "pending", "uncollectable")
 
     def __init__(self, histogram: metrics.Histogram) -> None:
         self._histogram = histogram
@@ -204,6 +214,10 @@ class _GcPauses:
         self.collections = [0, 0, 0]
         self.collected = [0, 0, 0]
         self.uncollectable = [0, 0, 0]
+        # Between two collections of the metrics; past this the oldest pauses are dropped.
+        self.pending: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=_MAX_PENDING_PAUSES
+        )
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         try:
@@ -214,17 +228,30 @@ class _GcPauses:
             generation = info.get("generation")
             if not started or generation not in _GENERATION_ATTRIBUTES:
                 return
-            if nemo_gym_observer_records():
-                return
+            self.pending.append((generation, (time.perf_counter() - started) * 1000.0))
             self.collections[generation] += 1
             self.collected[generation] += int(info.get("collected", 0))
             self.uncollectable[generation] += int(info.get("uncollectable", 0))
-            self._histogram.record(
-                (time.perf_counter() - started) * 1000.0,
-                attributes=_GENERATION_ATTRIBUTES[generation],
-            )
         except Exception as exc:  # noqa: BLE001 - a collection must never raise through us
             _ONCE(("gc", type(exc).__name__), logging.WARNING, "nemo_gym: gc pause: %r", exc)
+
+    def flush(self) -> None:
+        """Record the buffered pauses (none while NeMo Gym's observer records). Never raises."""
+        pending = self.pending
+        record = not nemo_gym_observer_records()
+        # The pauses there now only: recording allocates, and a collection it sets off adds a
+        # pause of its own, for the next flush (draining until empty might never end).
+        for _ in range(len(pending)):
+            try:
+                generation, pause_ms = pending.popleft()
+            except IndexError:
+                return
+            if not record:
+                continue
+            try:
+                self._histogram.record(pause_ms, attributes=_GENERATION_ATTRIBUTES[generation])
+            except Exception as exc:  # noqa: BLE001 - telemetry never fails a collection
+                _ONCE(("gc-record", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
 
 
 def _per_generation(values: list[int]) -> Callable[[metrics.CallbackOptions], Iterable[Any]]:
@@ -265,7 +292,12 @@ class _ProcessPressure:
         )
         in_flight = self.in_flight
 
+        gc_pauses = self.gc
+
+        # Registered first: the SDK runs observable callbacks in registration order, at the
+        # start of each collection, so the GC pauses are recorded before the histograms are read.
         def observe_in_flight(_options: metrics.CallbackOptions) -> Iterable[Any]:
+            gc_pauses.flush()
             if nemo_gym_observer_records():
                 return []
             return [metrics.Observation(sum(count.value for count in list(in_flight)))]
