@@ -32,8 +32,9 @@ While NeMo Gym's own observer is loaded and recording (``nemo_gym_recording``), 
 of these: the lag ticks, collections and in-flight observations record nothing, and the
 process metrics are not started.
 
-Everything starts with ``start(loop)``, on the loop's thread: the probe once per loop, the
-rest once per process. ``install_gc_callback`` / ``uninstall`` are idempotent.
+Everything starts with ``start(provider, loop)``, on the loop's thread: the probe once per
+loop, the rest once per process; ``stop()`` ends it all. The lag buckets (1 ms to 10 s) and
+the pause buckets (0.05 ms to 1 s) are ours: the observer page gives none.
 """
 
 from __future__ import annotations
