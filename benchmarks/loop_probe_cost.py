@@ -10,6 +10,9 @@ Three measurements, each side by side in one run, modes alternating round by rou
 * **busy loop**: callbacks per CPU second of a loop kept busy by a chain of ``call_soon``
   callbacks (the scheduling work every request does), without and with the probe at 100 ms;
   their ratio shows the probe puts nothing on the path of the loop's own work;
+* **per collection**: CPU nanoseconds per ``gc.collect(0)`` of a small heap, without and with
+  the GC pause callback (a deque append and three integer additions; the SDK record happens
+  at the metrics' collection);
 * **per request**: nanoseconds per call of a minimal ASGI app (it answers one
   ``http.response.start`` and one ``http.response.body``), called directly, without and with
   the ``InFlightApp`` wrapper (an integer added and taken per request, no OpenTelemetry call).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +39,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
     LOOP_LAG,
     LOOP_LAG_BUCKETS_MS,
     InFlightApp,
+    _GcPauses,
     _InFlight,
 )
 
@@ -117,11 +122,27 @@ async def per_call_ns(app: Any, calls: int) -> float:
     return (time.process_time_ns() - cpu) / calls
 
 
+def gc_ns(with_callback: bool, collections: int) -> float:
+    """CPU nanoseconds per young-generation collection, with the GC pause callback or not."""
+    pauses = _GcPauses(MeterProvider().get_meter("bench").create_histogram("pause"))
+    if with_callback:
+        gc.callbacks.append(pauses)
+    try:
+        cpu = time.process_time_ns()
+        for _ in range(collections):
+            gc.collect(0)
+        return (time.process_time_ns() - cpu) / collections
+    finally:
+        if with_callback:
+            gc.callbacks.remove(pauses)
+
+
 async def main(arguments: argparse.Namespace) -> None:
     idle: dict[str, list[float]] = {"no probe": [], "probe 100 ms": [], "probe 10 ms": []}
     intervals = {"no probe": None, "probe 100 ms": 0.1, "probe 10 ms": 0.01}
     busy: dict[str, list[float]] = {"no probe": [], "probe 100 ms": []}
     calls: dict[str, list[float]] = {"plain app": [], "InFlightApp": []}
+    collections: dict[str, list[float]] = {"no callback": [], "GC pause callback": []}
     wrapped = InFlightApp(_app, _InFlight())
     for _ in range(arguments.rounds):
         for mode, interval in intervals.items():
@@ -130,6 +151,8 @@ async def main(arguments: argparse.Namespace) -> None:
             busy[mode].append(await busy_rate(intervals[mode], arguments.window))
         calls["plain app"].append(await per_call_ns(_app, arguments.calls))
         calls["InFlightApp"].append(await per_call_ns(wrapped, arguments.calls))
+        collections["no callback"].append(gc_ns(False, arguments.calls // 10))
+        collections["GC pause callback"].append(gc_ns(True, arguments.calls // 10))
 
     print(", ".join(f"{key}: {value}" for key, value in machine_facts().items()))
     print(f"{arguments.rounds} rounds; windows of {arguments.window} s; {arguments.calls} calls")
@@ -153,6 +176,13 @@ async def main(arguments: argparse.Namespace) -> None:
     plain_ns = statistics.median(calls["plain app"])
     for mode, values in calls.items():
         added = "–" if mode == "plain app" else f"{statistics.median(values) - plain_ns:+.0f} ns"
+        print(f"| {mode} | {statistics.median(values):.0f} | {added} |")
+
+    print("\n| young collection | CPU ns per collection, median | added |")
+    print("|---|---|---|")
+    plain_gc = statistics.median(collections["no callback"])
+    for mode, values in collections.items():
+        added = "–" if mode == "no callback" else f"{statistics.median(values) - plain_gc:+.0f} ns"
         print(f"| {mode} | {statistics.median(values):.0f} | {added} |")
 
 
