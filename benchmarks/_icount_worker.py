@@ -64,7 +64,11 @@ async def _requests_mode(args: argparse.Namespace, mark: Markers) -> dict[str, A
     after: Callable[[], None] | None = None
     collect: Callable[[], object] = lambda: None  # noqa: E731 - the plain modes collect nothing
     if args.mode == "ours":
-        NemoGymInstrumentor().instrument(meter_provider=provider, sandbox_resources=False)
+        # The pool alone: the pressure metrics cost per second, not per request, and under
+        # valgrind a second lasts fifty (benchmarks/loop_probe_cost.py measures them).
+        NemoGymInstrumentor().instrument(
+            meter_provider=provider, sandbox_resources=False, pressure=False
+        )
         collect = reader.get_metrics_data
     elif args.mode == "record":
         after = bare_recorder(provider)

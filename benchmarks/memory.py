@@ -70,7 +70,7 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, object]:
     provider = MeterProvider(metric_readers=[reader])
     instrumentor = NemoGymInstrumentor()
     if args.connector == "ours":
-        instrumentor.instrument(meter_provider=provider, sandbox_resources=False)
+        instrumentor.instrument(meter_provider=provider, sandbox_resources=False, pressure=False)
     checkpoints: list[dict[str, float]] = []
     started = time.perf_counter()
     try:

@@ -159,12 +159,15 @@ def _install(mode: str, providers: Providers) -> Callable[[], None]:
     """Install ``mode``'s instrumentation; return the function that removes it."""
     undo: list[Callable[[], None]] = []
     if mode in OURS:
+        # The pool alone (the pressure metrics: benchmarks/loop_probe_cost.py).
         NemoGymInstrumentor().instrument(
-            meter_provider=providers.ours[OURS[mode]][1], sandbox_resources=False
+            meter_provider=providers.ours[OURS[mode]][1], sandbox_resources=False, pressure=False
         )
         undo.append(NemoGymInstrumentor().uninstrument)
     if mode == "ours_idle":
-        NemoGymInstrumentor().instrument(meter_provider=providers.idle, sandbox_resources=False)
+        NemoGymInstrumentor().instrument(
+            meter_provider=providers.idle, sandbox_resources=False, pressure=False
+        )
         undo.append(NemoGymInstrumentor().uninstrument)
     if mode in ("contrib", "both"):
         AioHttpClientInstrumentor().instrument(

@@ -80,7 +80,7 @@ async def _collect_in_mode(
         monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    instrumentor.instrument(meter_provider=provider, sandbox_resources=False)
+    instrumentor.instrument(meter_provider=provider, sandbox_resources=False, pressure=False)
     try:
         return await _one_ok_one_abandoned(server, reader)
     finally:
@@ -193,10 +193,10 @@ async def test_semconv_mode_is_fixed_per_meter_provider(
     provider = MeterProvider(metric_readers=[reader])
     try:
         monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
-        instrumentor.instrument(meter_provider=provider, sandbox_resources=False)
+        instrumentor.instrument(meter_provider=provider, sandbox_resources=False, pressure=False)
         instrumentor.uninstrument()
         monkeypatch.delenv("OTEL_SEMCONV_STABILITY_OPT_IN")
-        instrumentor.instrument(meter_provider=provider, sandbox_resources=False)
+        instrumentor.instrument(meter_provider=provider, sandbox_resources=False, pressure=False)
         data = await _one_ok_one_abandoned(server, reader)
         assert names.QUEUE_DURATION not in metric_names(data)
         assert names.TIME_IN_QUEUE in metric_names(data)

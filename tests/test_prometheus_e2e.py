@@ -311,8 +311,16 @@ def test_prometheus_every_alert_goes_off_with_usable_advice(run: Run) -> None:
 # NeMo Gym's own sandbox duration histograms: their names (``..._duration_ms``, unit ``ms``)
 # are NeMo Gym's, kept so that one dashboard reads NeMo Gym's series and ours, and fail
 # promtool's lint (abbreviated unit, milliseconds) in every mode, as NeMo Gym's own do.
-NEMO_GYM_FIXED_NAMES = tuple(
-    f"gym_sandbox_{what}_duration_ms_milliseconds" for what in ("startup", "exec", "transfer")
+# The same for the pressure metrics: NeMo Gym's observer's names (``..._lag_ms``,
+# ``..._pause_duration_ms``, the ``gym.gc.count`` gauge) and the semantic conventions' own
+# ``process.*.count`` names, which promtool's ``_count`` lint reads as a histogram's part.
+NEMO_GYM_FIXED_NAMES = (
+    *(f"gym_sandbox_{what}_duration_ms_milliseconds" for what in ("startup", "exec", "transfer")),
+    "gym_event_loop_lag_ms_milliseconds",
+    "gym_gc_pause_duration_ms_milliseconds",
+    "gym_gc_count",
+    "process_open_file_descriptor_count",
+    "process_thread_count",
 )
 
 

@@ -14,6 +14,10 @@
   too), whether ``nemo_gym`` is imported before or after ``instrument()``; and the sandbox
   fleet metrics (``gym.sandbox.creations``, ``gym.sandbox.oom_kills``,
   ``gym.sandbox.allocation.mismatches``) on the meter provider.
+* **pressure**, in NeMo Gym's names: the event-loop lag of each uvicorn server's loop (every
+  NeMo Gym server) and of each loop that builds an aiohttp connector, garbage-collection
+  pauses, requests in flight, and (with the ``pressure`` extra) process CPU, memory, threads
+  and open file descriptors; none of them where NeMo Gym's own observer records them.
 
 Usage::
 
@@ -24,6 +28,7 @@ Usage::
         tracer_provider=None,      # default: the global tracer provider
         connection_pool=True,      # default: OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL
         sandbox_resources=True,    # default: OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES
+        pressure=True,             # default: OTEL_PYTHON_NEMO_GYM_PRESSURE
     )
 
 Connectors constructed before ``instrument()`` and subclasses of ``TCPConnector`` are left
@@ -33,6 +38,7 @@ alone. ``uninstrument()`` restores construction exactly, and puts NeMo Gym's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection
 from typing import Any
@@ -87,6 +93,21 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
     uninstall as _uninstall_server_labels,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
+from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
+    configure as _configure_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
+    start as _start_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
+    stop as _stop_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._uvicorn_server import (
+    install as _install_uvicorn_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry._uvicorn_server import (
+    uninstall as _uninstall_uvicorn_pressure,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     _bind_instrumented_telemetry,
 )
@@ -150,6 +171,16 @@ def _show_own_lines(level: int | None) -> None:
     package.propagate = False
 
 
+def _start_pressure_in_running_loop(provider: metrics.MeterProvider) -> None:
+    """The pressure metrics for the loop building a connector (aiohttp builds connectors in a
+    running loop; there is nothing to probe without one)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _start_pressure(provider, loop)
+
+
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Instrument aiohttp connection pools and sandbox providers for OpenTelemetry.
 
@@ -172,13 +203,15 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider: trace.TracerProvider | None = None,
         connection_pool: bool | None = None,
         sandbox_resources: bool | None = None,
+        pressure: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Turn the instrumentation on; a failure inside is logged, never raised.
 
         ``meter_provider`` / ``tracer_provider``: default the global providers, resolved at
         each connector construction. ``connection_pool`` / ``sandbox_resources``: default
-        ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true). Other
+        ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true).
+        ``pressure``: default ``OTEL_PYTHON_NEMO_GYM_PRESSURE`` (true). Other
         keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
         INFO line saying which capabilities are active and, for one that is not, why.
         """
@@ -187,6 +220,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             tracer_provider=tracer_provider,
             connection_pool=connection_pool,
             sandbox_resources=sandbox_resources,
+            pressure=pressure,
             **kwargs,
         )
 
@@ -205,6 +239,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             sandbox_resources = _capability_flag(
                 kwargs, "sandbox_resources", _settings.sandbox_resources_enabled
             )
+            pressure = _capability_flag(kwargs, "pressure", _settings.pressure_enabled)
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
@@ -212,9 +247,14 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _show_own_lines(_settings.log_level())
         except Exception:
             logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
+        if pressure:
+            try:
+                self._instrument_pressure(kwargs.get("meter_provider"))
+            except Exception:
+                logger.exception("nemo_gym: pressure instrumentation failed; skipped")
         if connection_pool:
             try:
-                self._instrument_connection_pool(kwargs.get("meter_provider"))
+                self._instrument_connection_pool(kwargs.get("meter_provider"), pressure)
             except Exception:
                 logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
@@ -229,7 +269,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 )
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
-        if (connection_pool or sandbox_resources) and not metrics_deliberately_off():
+        if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
         try:
@@ -237,7 +277,20 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 
-    def _instrument_connection_pool(self, meter_provider: metrics.MeterProvider | None) -> None:
+    @staticmethod
+    def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> None:
+        _configure_pressure(_settings.loop_lag_interval_s(), __version__)
+
+        def exporting_provider() -> metrics.MeterProvider | None:
+            # Resolved when a server starts: the global provider may be set after instrument().
+            provider = meter_provider or metrics.get_meter_provider()
+            return provider if metrics_export_status(provider)[0] else None
+
+        _install_uvicorn_pressure(exporting_provider)
+
+    def _instrument_connection_pool(
+        self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
+    ) -> None:
         max_server_names = _settings.max_server_names()
         max_destinations = _settings.max_destinations()
         semconv_mode = _settings.semconv_http_mode()
@@ -257,6 +310,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 # Registered now, after the application's imports: it runs before their
                 # exit handlers, so the last counts leave before a kill (see _exit_flush).
                 flush_at_exit(provider)
+                if pressure:
+                    _start_pressure_in_running_loop(provider)
                 return telemetry_of(provider)
             if not metrics_deliberately_off():
                 # The first five minutes: installed, instrumented, and a pool that is not
@@ -321,6 +376,11 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _uninstrument(self, **kwargs: Any) -> None:
         stop_flush_at_sigterm()
+        try:
+            _uninstall_uvicorn_pressure()
+            _stop_pressure()
+        except Exception:
+            logger.exception("nemo_gym: stopping the pressure metrics failed")
         try:
             if self._pool_patch is not None:
                 self._pool_patch.uninstall()

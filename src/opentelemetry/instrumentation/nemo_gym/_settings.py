@@ -116,6 +116,8 @@ def validate_all() -> None:
         max_server_names,
         max_destinations,
         log_level,
+        pressure_enabled,
+        loop_lag_interval_s,
     ):
         read()
 
@@ -171,6 +173,21 @@ def max_server_names() -> int:
 def max_destinations() -> int:
     value = read_int(env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS, DEFAULT_MAX_DESTINATIONS, minimum=1)
     return DEFAULT_MAX_DESTINATIONS if value is None else value
+
+
+def pressure_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_PRESSURE, True)
+
+
+DEFAULT_LOOP_LAG_INTERVAL_MS = 100.0
+# Below 10 ms the probe's own wake-ups would start to show in an idle server's CPU.
+MIN_LOOP_LAG_INTERVAL_MS = 10.0
+
+
+def loop_lag_interval_s() -> float:
+    """Seconds between two event-loop lag measurements (the variable is in milliseconds)."""
+    name = env.OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS
+    return read_float(name, DEFAULT_LOOP_LAG_INTERVAL_MS, minimum=MIN_LOOP_LAG_INTERVAL_MS) / 1000
 
 
 # The names Python's logging takes for a level, WARN and FATAL included (NOTSET is no level

@@ -102,3 +102,28 @@ Unset by default (the application's logging configuration decides); any other va
 warning naming the accepted levels, and is treated as unset.
 Flag: ``--nemo_gym_log_level``.
 """
+
+OTEL_PYTHON_NEMO_GYM_PRESSURE = "OTEL_PYTHON_NEMO_GYM_PRESSURE"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_PRESSURE
+
+Whether ``instrument()`` records the pressure on each process with NeMo Gym's names: the
+event-loop lag (``gym.event_loop.lag_ms``), garbage-collection pauses (``gym.gc.*``) and
+requests in flight (``gym.server.requests.in_flight``), plus the process CPU, memory, thread
+and file-descriptor metrics of ``opentelemetry-instrumentation-system-metrics`` where that is
+installed (the ``pressure`` extra). They start with each uvicorn server (every NeMo Gym
+server) and in each loop that builds an aiohttp connector, and not where NeMo Gym's own
+observer records them. ``true`` (default) or ``false``.
+Flag: ``--nemo_gym_pressure``.
+"""
+
+OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS = "OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS
+
+Milliseconds between two event-loop lag measurements: the probe asks the loop to run a
+callback this long from now and records how late it ran. Default 100; at least 10 (a smaller
+value, or one that is not a number, is one warning and the default). The probe costs one timer
+per interval, nothing per request.
+Flag: ``--nemo_gym_loop_lag_interval_ms``.
+"""

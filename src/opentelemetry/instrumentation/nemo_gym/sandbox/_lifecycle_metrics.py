@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -61,6 +60,7 @@ from opentelemetry.instrumentation.nemo_gym._nemo_gym_identity import (
     ATTR_SERVER_NAME,
     server_name,
 )
+from opentelemetry.instrumentation.nemo_gym._nemo_gym_recording import nemo_gym_recording
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
@@ -122,7 +122,6 @@ MEMORY_PEAK: Final = "gym.sandbox.memory.peak"
 MEMORY_PEAK_UNIT: Final = "By"
 
 NEMO_GYM_METRICS_MODULE: Final = "nemo_gym.telemetry.gym_metrics"
-_NEMO_GYM_SETUP_MODULE: Final = "nemo_gym.telemetry.setup"
 
 _MIB: Final = 1024 * 1024
 # Failed creates remembered for retry counting; the oldest are dropped beyond this.
@@ -132,25 +131,9 @@ SandboxKey = tuple[str, str]
 
 
 def nemo_gym_records_lifecycle() -> bool:
-    """Whether NeMo Gym's own ``gym_metrics`` module is loaded and recording: its
-    ``metrics_exporting()`` says so, or (a version without it) its telemetry handle is
-    exporting. Never imports NeMo Gym; a check that raises counts as not recording (logged
-    once): NeMo Gym's recorders would fail the same way."""
-    module = sys.modules.get(NEMO_GYM_METRICS_MODULE)
-    if module is None:
-        return False
-    try:
-        exporting = getattr(module, "metrics_exporting", None)
-        if callable(exporting):
-            return bool(exporting())
-        get_telemetry = getattr(sys.modules.get(_NEMO_GYM_SETUP_MODULE), "get_telemetry", None)
-        if not callable(get_telemetry):
-            return False
-        telemetry = get_telemetry()
-        return telemetry is not None and bool(getattr(telemetry, "is_exporting", False))
-    except Exception as exc:  # noqa: BLE001 - telemetry never fails the sandbox
-        _ONCE(("nemo-gym-check", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
-        return False
+    """Whether NeMo Gym's own ``gym_metrics`` module is loaded and recording (see
+    ``nemo_gym_recording``). Never imports NeMo Gym, never raises."""
+    return nemo_gym_recording(NEMO_GYM_METRICS_MODULE)
 
 
 def _number(sample: Mapping[str, Any], quantity: str) -> float | None:
