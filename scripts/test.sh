@@ -28,5 +28,10 @@ fi
 # for Python 3.12 and a heavy stack, but its nemo_gym.sandbox package needs only the standard
 # library, so it is installed alone (tests needing more use scripts/nemo-gym-server-env.sh).
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
+# The pressure extra's process metrics, at the release of the opentelemetry-instrumentation just
+# installed (pyproject.toml's test extra says why it is not listed there).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  "opentelemetry-instrumentation-system-metrics==$("$venv/bin/python" -c \
+    'import importlib.metadata as m; print(m.version("opentelemetry-instrumentation"))')"
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
 exec "$venv/bin/python" -m pytest "$@"
