@@ -100,6 +100,17 @@ class Deployment:
     gym_exit: int | None
     leftovers: list[str]  # processes still alive after gym env start returned
     server_exit_seconds: list[float]  # SIGINT to exit, per `python app.py` server process
+    port_taken: PortTaken
+
+
+@dataclass
+class PortTaken:
+    """The first shell again, its head-server port held by a loopback listener, then Ctrl-C."""
+
+    waiting_line: str  # what gym env start printed while its head server could not start
+    gym_exit: int | None
+    seconds_to_end: float | None  # SIGINT to the last process of the session gone; None: never
+    leftovers: list[str]  # what was still alive after the bound (then SIGKILLed by PID)
 
     def of(self, service: str) -> list[Process]:
         return [p for p in self.processes if p.service == service]
@@ -284,6 +295,63 @@ def _scrape(url: str) -> dict[tuple[str, str], Process]:
     return processes
 
 
+# Ray gives up on a cluster that has gone after 60 s; a process of ours holding a server open
+# would keep it alive for good.
+PORT_TAKEN_BOUND_S = 150
+
+
+def _head_port_taken(
+    shells: list[str], placeholders: dict[str, str], folder: Path, env: dict[str, str], spare: int
+) -> PortTaken:
+    """Run the README's first shell again in the same folder, with its head-server port held by
+    a listener that never answers; once gym env start says it is waiting for its head server,
+    press Ctrl-C and time how long its processes take to end (at most PORT_TAKEN_BOUND_S)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = {**placeholders, HEAD_PORT: f"port:{listener.getsockname()[1]}"}
+        first_shell = fill(shells, taken)[0]
+        log_path = folder / "port-taken.log"
+        with log_path.open("w") as log:
+            gym = subprocess.Popen(
+                ["bash", "-e", "-x", "-c", first_shell],
+                cwd=folder,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        waiting = "Head server is not up yet"
+        try:
+
+            def stuck() -> bool:
+                if gym.poll() is not None:
+                    tail = log_path.read_text(errors="replace")[-4000:]
+                    raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
+                return waiting in log_path.read_text(errors="replace")
+
+            _wait_for("gym env start waiting for its head server", stuck, 900)
+            line = next(line for line in log_path.read_text().splitlines() if waiting in line)
+            os.killpg(gym.pid, signal.SIGINT)
+            start = time.monotonic()
+            seconds: float | None = None
+            while time.monotonic() - start < PORT_TAKEN_BOUND_S:
+                if not _session_and_folder_pids(gym.pid, folder, spare):
+                    seconds = time.monotonic() - start
+                    break
+                time.sleep(0.5)
+            try:
+                gym_exit: int | None = gym.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                gym_exit = None
+            return PortTaken(line, gym_exit, seconds, end_by_pid(gym.pid, folder, spare))
+        finally:
+            end_by_pid(gym.pid, folder, spare)
+            if gym.poll() is None:
+                gym.kill()
+            gym.wait(timeout=30)
+
+
 def run_deployment(
     *,
     clone: Path = ROOT,
@@ -397,6 +465,7 @@ def run_deployment(
         # The collector's batch processor forwards within a second; give it a few.
         time.sleep(3)
         processes = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
+        port_taken = _head_port_taken(shells, placeholders, folder, env, stub.pid)
         server_logs = {
             server: (work / "logs" / f"{server}.log").read_text(errors="replace")
             for server in SERVERS
@@ -420,6 +489,7 @@ def run_deployment(
             gym_exit=gym_exit,
             leftovers=leftovers,
             server_exit_seconds=exit_seconds,
+            port_taken=port_taken,
         )
     finally:
         stop_watching.set()

@@ -46,6 +46,7 @@ def deployment() -> Deployment:
         for line in lines:
             print(f"{server}: {line}")
     print(f"servers' exit after SIGINT, seconds: {run.server_exit_seconds}")
+    print(f"head port taken: {run.port_taken}")
     return run
 
 
@@ -115,6 +116,17 @@ def test_deployment_capacity_line_workers(deployment: Deployment) -> None:
     # The CLI process has no NeMo Gym worker count: one process.
     assert lines["gym eval run"], "no capacity line from gym eval run"
     assert all("workers=1 " in line for line in lines["gym eval run"]), lines["gym eval run"]
+
+
+def test_deployment_head_port_taken_ctrl_c_ends_everything(deployment: Deployment) -> None:
+    """With its head port taken, gym env start waits; after Ctrl-C every process ends by itself."""
+    taken = deployment.port_taken
+    assert "status `timeout`" in taken.waiting_line, taken.waiting_line
+    # NeMo Gym's servers may wait up to Ray's 60 s for the cluster gym env start has stopped
+    # (with or without this plugin); nothing of ours may hold one open past the bound.
+    assert taken.seconds_to_end is not None, taken.leftovers
+    assert taken.leftovers == []
+    assert taken.gym_exit not in (None, 0), taken.gym_exit
 
 
 def test_deployment_every_process_ended(deployment: Deployment) -> None:
