@@ -336,6 +336,7 @@ def _head_port_taken(
             start = time.monotonic()
             seconds: float | None = None
             while time.monotonic() - start < PORT_TAKEN_BOUND_S:
+                gym.poll()  # reaps the shell once it has ended: its zombie would count as alive
                 if not _session_and_folder_pids(gym.pid, folder, spare):
                     seconds = time.monotonic() - start
                     break
