@@ -1,22 +1,25 @@
-"""A real NeMo Gym deployment under the README's commands, and what reached the collector.
+"""A real NeMo Gym deployment run by the README's own commands, and what reached the collector.
 
-``run_deployment()`` does what the README's "With NeMo Gym" section tells a user to do, with
-the real programs: ``nemo-gym-otel server-venvs``, then ``opentelemetry-instrument ... -- gym
-env start`` (three servers: the ``example_single_tool_call`` resources server, its
-``simple_agent``, and the ``openai_model`` model server pointed at the OpenAI-compatible stub
-in ``deployment/openai_stub.py``; ``NEMO_GYM_FASTAPI_NUM_WORKERS=2``, so each server divides
-its pool limits by two and its capacity report must say ``workers=2``), then
-``opentelemetry-instrument ... -- gym eval run --no-serve`` for ``ROLLOUTS`` rollouts, then
-SIGINT to ``gym env start``'s process group, as a terminal's Ctrl-C does (NeMo Gym then also
-sends SIGINT to each server's shell and kills that 1 s later). Every
-process exports over OTLP to its own collector (``scripts/start-collector.sh``) with a 10
-minute export interval, so each process's final export at shutdown is the only one; the
-collector's Prometheus exporter is read once everything has stopped.
+``run_deployment()`` reads the two ``console`` blocks of the README section "A NeMo Gym
+deployment: every server reports" and runs each, as written, as one ``bash -e`` script: the
+first shell (the collector, a Python 3.12 virtualenv with nemo-gym 0.4.0 and this plugin from
+the clone, ``nemo-gym-otel server-venvs``, ``gym env start`` with three servers: the
+``example_single_tool_call`` resources server, its ``simple_agent``, and the ``openai_model``
+model server), then, once the servers are ready, the second shell (``gym eval run``, 300
+rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C does (NeMo
+Gym then also sends SIGINT to each server's shell and kills that 1 s later). Only the README's
+placeholders are filled (``fill()``): the clone's path, the working folder (a fresh one under
+/tmp: Ray's socket paths must stay under 108 characters), the model endpoint (the
+OpenAI-compatible stub in ``deployment/openai_stub.py``), the head server's port (a free one)
+and, unless measuring, a 10 minute export interval, so that each process's final export at
+shutdown is its only one. The environment gives the collector a state folder and free ports of
+the test's own, the server virtualenvs' uv cache, and ``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the
+first shell (each server divides its pool limits by two and its capacity report must say
+``workers=2``). The collector's Prometheus exporter is read once everything has stopped.
 
-Everything runs in a short folder of its own under /tmp (Ray's socket paths must stay under
-108 characters), Ray included (``RAY_TMPDIR``), on 127.0.0.1. Every process started is ended by
-PID: the session of ``gym env start`` (its servers and Ray's daemons) and anything whose
-command line names the folder.
+Every process started is ended by PID: the first shell's session (gym env start, its servers
+and Ray's daemons), anything whose command line names the run's folder, and the collector
+(``start-collector.sh --stop`` on its state folder).
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +66,14 @@ KILL_AFTER_S = (
     else None
 )
 UV_CACHE = Path.home() / ".cache" / "nemo-gym-otel" / "uv"
+README = ROOT / "README.md"
+SECTION = "### A NeMo Gym deployment: every server reports"
+# The README's placeholders, which the test fills (and nothing else in its commands).
+CLONE = "~/opentelemetry-instrumentation-nemo-gym"
+WORKING_FOLDER = "~/gym-otel"
+MODEL_URL = "http://127.0.0.1:8000/v1"
+HEAD_PORT = "port:11000"  # a free one here: 11000 may be anyone's
+EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL=15000"
 
 
 @dataclass
@@ -87,6 +100,17 @@ class Deployment:
     gym_exit: int | None
     leftovers: list[str]  # processes still alive after gym env start returned
     server_exit_seconds: list[float]  # SIGINT to exit, per `python app.py` server process
+    port_taken: PortTaken
+
+
+@dataclass
+class PortTaken:
+    """The first shell again, its head-server port held by a loopback listener, then Ctrl-C."""
+
+    waiting_line: str  # what gym env start printed while its head server could not start
+    gym_exit: int | None
+    seconds_to_end: float | None  # SIGINT to the last process of the session gone; None: never
+    leftovers: list[str]  # what was still alive after the bound (then SIGKILLed by PID)
 
     def of(self, service: str) -> list[Process]:
         return [p for p in self.processes if p.service == service]
@@ -155,79 +179,98 @@ def end_by_pid(session: int, folder: Path, spare: int = 0) -> list[str]:
     return described
 
 
-def _environment(venv: Path, folder: Path, collector_otlp: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAY_", "UV_"))}
+def deployment_section() -> str:
+    """The README's deployment section, up to the next heading."""
+    text = README.read_text(encoding="utf-8")
+    return re.split(r"\n#{1,3} ", text.split(f"\n{SECTION}\n", 1)[1], maxsplit=1)[0]
+
+
+def readme_shells() -> list[str]:
+    """The README section's ``console`` blocks, each as the script a user types into one shell:
+    every ``$ `` command with its continuation lines, exactly as written."""
+    body = deployment_section()
+    blocks: list[str] = []
+    lines: list[str] = []
+    in_console = continued = False
+    for line in body.splitlines():
+        if line.startswith("```"):
+            if in_console:
+                blocks.append("\n".join(lines))
+                lines = []
+            in_console = line.strip() == "```console"
+            continue
+        if in_console and (continued or line.startswith("$ ")):
+            lines.append(line if continued else line[2:])
+            continued = line.endswith("\\")
+    return blocks
+
+
+def fill(shells: list[str], values: dict[str, str]) -> list[str]:
+    """The shells with each README placeholder replaced by its value here; a placeholder the
+    README no longer has fails, so the test cannot go on running its own idea of the commands."""
+    for placeholder in values:
+        assert any(placeholder in shell for shell in shells), f"README lacks {placeholder!r}"
+    filled = []
+    for shell in shells:
+        for placeholder, value in values.items():
+            shell = shell.replace(placeholder, value)
+        filled.append(shell)
+    return filled
+
+
+def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[str, str]:
+    """The user's shell before the README's first command: nothing of OpenTelemetry, Ray or uv
+    set, no virtualenv active; the collector's state folder and free ports of the test's own."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "RAY_", "UV_", "PYTEST_", "VIRTUAL_ENV", "NEMO_GYM_"))
+    }
     env.pop("PYTHONPATH", None)
     env.update(
-        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        VIRTUAL_ENV=str(venv),
-        # The README's environment: uv from PyPI, no interpreter downloads.
-        UV_PYTHON_DOWNLOADS="never",
-        UV_CACHE_DIR=str(UV_CACHE),
-        # Ray on this machine only, its files in our folder.
-        RAY_TMPDIR=str(folder / "ray"),
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        # The collector the README starts: in a state folder of the test's own (the user's
+        # default, /tmp/nemo-gym-collector-<uid>, is left alone), on free ports.
+        NEMO_GYM_COLLECTOR_DIR=str(collector_state),
+        NEMO_GYM_COLLECTOR_PORTS="0,0,0",
+        # The README's +uv_cache_dir reads it: reruns reuse the server virtualenvs' packages.
+        UV_CACHE_DIR=str(uv_cache),
         RAY_USAGE_STATS_ENABLED="0",
-        # The README's OpenTelemetry settings.
-        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="nemo_gym",
-        OTEL_EXPORTER_OTLP_ENDPOINT=collector_otlp,
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_PYTHON_NEMO_GYM_LOG_LEVEL="info",
-        # Ten minutes: the final export at shutdown is each process's only one.
-        OTEL_METRIC_EXPORT_INTERVAL="600000",
         PYTHONUNBUFFERED="1",
     )
     return env
 
 
-INSTRUMENT = (
-    "opentelemetry-instrument",
-    "--metrics_exporter",
-    "otlp",
-    "--traces_exporter",
-    "none",
-    "--logs_exporter",
-    "none",
-    "--",
-)
+def _collector_lines(state: Path) -> dict[str, str]:
+    """The collector's settings as its state folder records them (``KEY=VALUE`` lines)."""
+    ports = state / "ports.env"
+    if not ports.exists():
+        return {}
+    return dict(line.split("=", 1) for line in ports.read_text().splitlines() if "=" in line)
 
 
-def _gym_arguments(stub_port: int, head_port: int, folder: Path) -> list[str]:
-    return [
-        "--config",
-        "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
-        "--config",
-        "responses_api_models/openai_model/configs/openai_model.yaml",
-        "--model-url",
-        f"http://127.0.0.1:{stub_port}/v1",
-        "--model-api-key",
-        "not-a-real-key",
-        "--model",
-        "stub-model",
-        f"+head_server={{host:127.0.0.1,port:{head_port}}}",
-        f"+nemo_gym_log_dir={folder / 'logs'}",
-        # NeMo Gym points uv at its own cache (./cache/uv) unless told; reruns reuse this one.
-        f"+uv_cache_dir={UV_CACHE}",
-    ]
-
-
-@contextmanager
-def _collector() -> Iterator[dict[str, str]]:
-    # A collector of our own, its state outside the deployment's folder: end_by_pid() ends
-    # whatever names that folder, and the collector must outlive the deployment.
-    state = Path(tempfile.mkdtemp(prefix="ngc-", dir="/tmp"))
-    # Free ports: the standard ones are left to the user's (or CI's shared) collector.
-    env = dict(os.environ, NEMO_GYM_COLLECTOR_DIR=str(state), NEMO_GYM_COLLECTOR_PORTS="0,0,0")
-    start = ROOT / "scripts" / "start-collector.sh"
-    out = subprocess.run(
-        ["bash", str(start)], env=env, capture_output=True, text=True, timeout=900, check=True
-    )
-    ports = dict(line.split("=", 1) for line in out.stdout.splitlines()[-2:])
+def _has_pool_series(url: str) -> bool:
     try:
-        yield ports
-    finally:
-        subprocess.run(["bash", str(start), "--stop"], env=env, timeout=60, check=False)
-        shutil.rmtree(state, ignore_errors=True)
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return False
+    return CONNECT_TOTAL in text
+
+
+@dataclass
+class Timeline:
+    """Seconds from the README's first command to each milestone (``measure=True``)."""
+
+    servers_ready: float | None = None
+    first_metrics: float | None = None  # first gym_http_connection_pool_connect_total scraped
+
+
+def _watch_first_metrics(
+    state: Path, start: float, timeline: Timeline, stop: threading.Event
+) -> None:
+    while not stop.wait(1.0) and timeline.first_metrics is None:
+        url = _collector_lines(state).get("COLLECTOR_PROMETHEUS")
+        if url and _has_pool_series(url):
+            timeline.first_metrics = time.monotonic() - start
 
 
 def _scrape(url: str) -> dict[tuple[str, str], Process]:
@@ -252,121 +295,180 @@ def _scrape(url: str) -> dict[tuple[str, str], Process]:
     return processes
 
 
-def run_deployment(venv: Path) -> Deployment:
-    """Run the README's NeMo Gym commands for real and collect what arrived; see the module."""
+# Ray gives up on a cluster that has gone after 60 s; a process of ours holding a server open
+# would keep it alive for good.
+PORT_TAKEN_BOUND_S = 150
+
+
+def _head_port_taken(
+    shells: list[str], placeholders: dict[str, str], folder: Path, env: dict[str, str], spare: int
+) -> PortTaken:
+    """Run the README's first shell again in the same folder, with its head-server port held by
+    a listener that never answers; once gym env start says it is waiting for its head server,
+    press Ctrl-C and time how long its processes take to end (at most PORT_TAKEN_BOUND_S)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = {**placeholders, HEAD_PORT: f"port:{listener.getsockname()[1]}"}
+        first_shell = fill(shells, taken)[0]
+        log_path = folder / "port-taken.log"
+        with log_path.open("w") as log:
+            gym = subprocess.Popen(
+                ["bash", "-e", "-x", "-c", first_shell],
+                cwd=folder,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        waiting = "Head server is not up yet"
+        try:
+
+            def stuck() -> bool:
+                if gym.poll() is not None:
+                    tail = log_path.read_text(errors="replace")[-4000:]
+                    raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
+                return waiting in log_path.read_text(errors="replace")
+
+            _wait_for("gym env start waiting for its head server", stuck, 900)
+            line = next(line for line in log_path.read_text().splitlines() if waiting in line)
+            os.killpg(gym.pid, signal.SIGINT)
+            start = time.monotonic()
+            seconds: float | None = None
+            while time.monotonic() - start < PORT_TAKEN_BOUND_S:
+                gym.poll()  # reaps the shell once it has ended: its zombie would count as alive
+                if not _session_and_folder_pids(gym.pid, folder, spare):
+                    seconds = time.monotonic() - start
+                    break
+                time.sleep(0.5)
+            try:
+                gym_exit: int | None = gym.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                gym_exit = None
+            return PortTaken(line, gym_exit, seconds, end_by_pid(gym.pid, folder, spare))
+        finally:
+            end_by_pid(gym.pid, folder, spare)
+            if gym.poll() is None:
+                gym.kill()
+            gym.wait(timeout=30)
+
+
+def run_deployment(
+    *,
+    clone: Path = ROOT,
+    uv_cache: Path = UV_CACHE,
+    measure: bool = False,
+    timeline: Timeline | None = None,
+) -> Deployment:
+    """Run the README section's two shells, as written, and collect what arrived; see the
+    module. ``measure``: keep the README's export interval and record ``timeline``."""
     folder = Path(tempfile.mkdtemp(prefix="ngd-", dir="/tmp"))
-    (folder / "logs").mkdir()
+    # The collector's state outside the deployment's folder: end_by_pid() ends whatever names
+    # that folder, and the collector must outlive the deployment.
+    collector_state = Path(tempfile.mkdtemp(prefix="ngc-", dir="/tmp"))
+    work = folder / "gym-otel"
+    env = _environment(folder, collector_state, uv_cache)
+    timeline = timeline if timeline is not None else Timeline()
+    stop_watching = threading.Event()
     stub = None
     gym = None
     leftovers: list[str] = []
     try:
-        with _collector() as collector:
-            env = _environment(venv, folder, collector["OTEL_EXPORTER_OTLP_ENDPOINT"])
-            port_file = folder / "stub.port"
-            stub = subprocess.Popen(
-                [str(venv / "bin" / "python"), str(STUB), str(port_file)],
-                env=env,
+        port_file = folder / "stub.port"
+        stub = subprocess.Popen(
+            [sys.executable, str(STUB), str(port_file)], env=env, start_new_session=True
+        )
+        _wait_for("the stub's port", port_file.exists, 60)
+        stub_port = int(port_file.read_text())
+        placeholders = {
+            CLONE: str(clone),
+            WORKING_FOLDER: str(work),
+            MODEL_URL: f"http://127.0.0.1:{stub_port}/v1",
+            HEAD_PORT: f"port:{free_port()}",
+        }
+        if not measure:
+            # Ten minutes: each process's final export at shutdown is its only one.
+            placeholders[EXPORT_INTERVAL] = "OTEL_METRIC_EXPORT_INTERVAL=600000"
+        shells = readme_shells()
+        assert len(shells) == 2, f"the README section has {len(shells)} console blocks, not 2"
+        first_shell, second_shell = fill(shells, placeholders)
+
+        start = time.monotonic()
+        if measure:
+            threading.Thread(
+                target=_watch_first_metrics,
+                args=(collector_state, start, timeline, stop_watching),
+                daemon=True,
+            ).start()
+        gym_log = folder / "first-shell.log"
+        with gym_log.open("w") as log:
+            # -e: stop at the first failing command, as a user would; -x: show which it was.
+            gym = subprocess.Popen(
+                ["bash", "-e", "-x", "-c", first_shell],
+                cwd=folder,
+                env={**env, "NEMO_GYM_FASTAPI_NUM_WORKERS": str(SERVER_WORKERS)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            _wait_for("the stub's port", port_file.exists, 60)
-            stub_port = int(port_file.read_text())
-            args = _gym_arguments(stub_port, free_port(), folder)
-            head_server = [a for a in args if a.startswith("+head_server=")]
 
-            # Step 1 of the README: every server virtualenv gets OpenTelemetry.
-            subprocess.run(
-                ["nemo-gym-otel", "server-venvs", *args],
+        def ready() -> bool:
+            if gym.poll() is not None:
+                tail = gym_log.read_text(errors="replace")[-4000:]
+                raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
+            return "servers ready!" in gym_log.read_text(errors="replace")
+
+        # Bounds, not timings: a cold pip cache and collector build take minutes.
+        _wait_for("the first shell's servers", ready, 1800)
+        timeline.servers_ready = time.monotonic() - start
+        eval_log = folder / "second-shell.log"
+        with eval_log.open("w") as log:
+            second = subprocess.run(
+                ["bash", "-e", "-x", "-c", second_shell],
                 cwd=folder,
                 env=env,
-                check=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 timeout=900,
+                check=False,
             )
-            # Step 2: the servers, instrumented.
-            with (folder / "gym-env-start.log").open("w") as gym_log:
-                gym = subprocess.Popen(
-                    [*INSTRUMENT, "gym", "env", "start", *args, "+skip_venv_if_present=true"],
-                    cwd=folder,
-                    env={**env, "NEMO_GYM_FASTAPI_NUM_WORKERS": str(SERVER_WORKERS)},
-                    stdout=gym_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-
-            def ready() -> bool:
-                if gym.poll() is not None:
-                    raise AssertionError(f"gym env start exited {gym.returncode}")
-                return "servers ready!" in (folder / "gym-env-start.log").read_text()
-
-            _wait_for("gym env start's servers", ready, 600)
-            # Step 3: the rollouts, from an instrumented CLI.
-            data = next(
-                venv.glob(
-                    "lib/python*/site-packages/resources_servers/"
-                    "example_single_tool_call/data/example.jsonl"
-                )
-            )
-            output = folder / "rollouts.jsonl"
-            with (folder / "gym-eval-run.log").open("w") as eval_log:
-                subprocess.run(
-                    [
-                        *INSTRUMENT,
-                        "gym",
-                        "eval",
-                        "run",
-                        "--no-serve",
-                        "--agent",
-                        AGENT,
-                        "--input",
-                        str(data),
-                        "--output",
-                        str(output),
-                        "--num-repeats",
-                        str(REPEATS),
-                        *head_server,
-                    ],
-                    cwd=folder,
-                    env=env,
-                    stdout=eval_log,
-                    stderr=subprocess.STDOUT,
-                    check=True,
-                    timeout=600,
-                )
-            stats = json.loads(
-                urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stats", timeout=10).read()
-            )
-            # Step 4: Ctrl-C, as a terminal sends it: SIGINT to the whole foreground process
-            # group, so to gym env start and to each server. NeMo Gym then also sends SIGINT to
-            # each server's shell, kills that shell 1 s later, and shuts down its Ray cluster.
-            servers = {
-                pid: _describe(pid)
-                for pid in _session_and_folder_pids(gym.pid, folder, stub.pid)
-                if _describe(pid).strip() == "python app.py"
-            }
-            os.killpg(gym.pid, signal.SIGINT)
-            if KILL_AFTER_S is not None:
-                # What NeMo Gym means to do (its kill lands on each server's shell instead):
-                # SIGKILL the servers themselves KILL_AFTER_S after the SIGINT.
-                time.sleep(KILL_AFTER_S)
-                for pid in servers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            exit_seconds = _exit_times(list(servers), bound_s=60)
-            try:
-                gym_exit: int | None = gym.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                gym_exit = None
-            # A bound, not a timing: every process of the session is gone well within it.
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and _session_and_folder_pids(
-                gym.pid, folder, stub.pid
-            ):
-                time.sleep(0.5)
-            leftovers = end_by_pid(gym.pid, folder, stub.pid)
-            # The collector's batch processor forwards within a second; give it a few.
-            time.sleep(3)
-            processes = _scrape(collector["COLLECTOR_PROMETHEUS"])
+        assert second.returncode == 0, eval_log.read_text(errors="replace")[-4000:]
+        stats = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stats", timeout=10).read()
+        )
+        # Ctrl-C, as a terminal sends it: SIGINT to the whole foreground process group, so to
+        # the shell, gym env start and each server. NeMo Gym then also sends SIGINT to each
+        # server's shell, kills that shell 1 s later, and shuts down its Ray cluster.
+        servers = {
+            pid: _describe(pid)
+            for pid in _session_and_folder_pids(gym.pid, folder, stub.pid)
+            if _describe(pid).strip() == "python app.py"
+        }
+        os.killpg(gym.pid, signal.SIGINT)
+        if KILL_AFTER_S is not None:
+            # What NeMo Gym means to do (its kill lands on each server's shell instead):
+            # SIGKILL the servers themselves KILL_AFTER_S after the SIGINT.
+            time.sleep(KILL_AFTER_S)
+            for pid in servers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        exit_seconds = _exit_times(list(servers), bound_s=60)
+        try:
+            gym_exit: int | None = gym.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            gym_exit = None
+        # A bound, not a timing: every process of the session is gone well within it.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _session_and_folder_pids(gym.pid, folder, stub.pid):
+            time.sleep(0.5)
+        leftovers = end_by_pid(gym.pid, folder, stub.pid)
+        # The collector's batch processor forwards within a second; give it a few.
+        time.sleep(3)
+        processes = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
+        port_taken = _head_port_taken(shells, placeholders, folder, env, stub.pid)
         server_logs = {
-            server: (folder / "logs" / f"{server}.log").read_text(errors="replace")
+            server: (work / "logs" / f"{server}.log").read_text(errors="replace")
             for server in SERVERS
         }
         capacity_lines = {
@@ -375,21 +477,23 @@ def run_deployment(venv: Path) -> Deployment:
         }
         capacity_lines["gym eval run"] = [
             line
-            for line in (folder / "gym-eval-run.log").read_text(errors="replace").splitlines()
+            for line in eval_log.read_text(errors="replace").splitlines()
             if "aggregate_total=" in line
         ]
         return Deployment(
             folder=folder,
             served=int(stats["responses"]),
-            rollouts=len(output.read_text().splitlines()),
+            rollouts=len((work / "rollouts.jsonl").read_text().splitlines()),
             processes=list(processes.values()),
             capacity_lines=capacity_lines,
             server_logs=server_logs,
             gym_exit=gym_exit,
             leftovers=leftovers,
             server_exit_seconds=exit_seconds,
+            port_taken=port_taken,
         )
     finally:
+        stop_watching.set()
         if gym is not None:
             # After a failure midway: end what is left (reported by the test that failed).
             end_by_pid(gym.pid, folder, stub.pid if stub is not None else 0)
@@ -399,6 +503,13 @@ def run_deployment(venv: Path) -> Deployment:
         if stub is not None:
             stub.kill()
             stub.wait()
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "start-collector.sh"), "--stop"],
+            env={**os.environ, "NEMO_GYM_COLLECTOR_DIR": str(collector_state)},
+            timeout=60,
+            check=False,
+        )
+        shutil.rmtree(collector_state, ignore_errors=True)
         if os.environ.get("NEMO_GYM_DEPLOYMENT_KEEP") != "1":
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -57,16 +57,17 @@ def test_sections_main_suite_deselects_not_skips() -> None:
     assert any("deselected" in line for line in summary), summary
 
 
-def test_sections_deployment_without_its_variable_fails() -> None:
-    """``-m deployment`` with ``NEMO_GYM_DEPLOYMENT_VENV`` unset (or mistyped) fails, naming it."""
+def test_sections_deployment_without_python312_fails(tmp_path: Path) -> None:
+    """``-m deployment`` where the README's ``python=`` line finds no Python 3.12 fails, naming
+    where it looked."""
+    # The README's other place for it; on a machine that has it, this check cannot fail.
+    assert not Path("/usr/bin/python3.12").exists(), "precondition: no Debian python3.12"
     done = pytest_run(
-        "-m", "deployment", "tests/test_nemo_gym_deployment.py", NEMO_GYM_DEPLOYMNT_VENV="/x"
+        "-m", "deployment", "tests/test_nemo_gym_deployment.py", PYENV_ROOT=str(tmp_path)
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "skipped" not in done.stdout
-    assert "section 'deployment' selected (-m), but NEMO_GYM_DEPLOYMENT_VENV is not set" in (
-        done.stdout
-    )
+    assert f"no Python 3.12 in {tmp_path}/versions/3.12.* or /usr/bin" in done.stdout
 
 
 def test_sections_collector_not_running_fails(tmp_path: Path) -> None:

@@ -1,0 +1,65 @@
+"""Clone to first metrics: how long the README's NeMo Gym deployment section takes.
+
+Clones this checkout's committed HEAD into a fresh folder under /tmp, then runs the README
+section's two shells through ``tests/nemo_gym_deployment.run_deployment`` with the README's own
+15 s export interval, and prints the seconds from the start of the clone to the servers being
+ready and to the first ``gym_http_connection_pool_connect_total`` the collector's Prometheus
+exporter shows (polled every second). ``--cold`` points pip's, uv's and Go's caches
+(``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``) and the collector's build
+cache (``NEMO_GYM_COLLECTOR_CACHE``) at empty folders beside the clone, so the real caches are
+neither used nor touched. Run from the repository root (about 4-7 minutes on 2 cores):
+
+    .venv/bin/python benchmarks/deployment_time.py --cold
+    .venv/bin/python benchmarks/deployment_time.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import nemo_gym_deployment as deployment  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", action="store_true", help="empty pip, uv, Go, collector caches")
+    cold = parser.parse_args().cold
+    base = Path(tempfile.mkdtemp(prefix="deployment-time-", dir="/tmp"))
+    uv_cache = deployment.UV_CACHE
+    if cold:
+        for variable, folder in (
+            ("PIP_CACHE_DIR", "pip"),
+            ("GOMODCACHE", "go-mod"),
+            ("GOCACHE", "go-build"),
+            ("NEMO_GYM_COLLECTOR_CACHE", "collector"),
+        ):
+            os.environ[variable] = str(base / folder)
+        uv_cache = base / "uv"
+    start = time.monotonic()
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(base / "clone")], check=True)
+    cloned = time.monotonic() - start
+    timeline = deployment.Timeline()
+    run = deployment.run_deployment(
+        clone=base / "clone", uv_cache=uv_cache, measure=True, timeline=timeline
+    )
+    ready = cloned + (timeline.servers_ready or float("nan"))
+    first = cloned + (timeline.first_metrics or float("nan"))
+    print(
+        f"{'cold' if cold else 'warm'} caches: clone {cloned:.1f} s, servers ready {ready:.0f} s, "
+        f"first pool metrics in the collector {first:.0f} s after the clone began "
+        f"({run.rollouts} rollouts, {run.served} model calls served)"
+    )
+    print(f"(left in {base}: the clone and the cold caches; remove it when done)")
+
+
+if __name__ == "__main__":
+    main()
