@@ -24,14 +24,15 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   }
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
-# NeMo Gym's sandbox API, which the tests run our hook and providers against. The wheel asks
-# for Python 3.12 and a heavy stack, but its nemo_gym.sandbox package needs only the standard
-# library, so it is installed alone (tests needing more use scripts/nemo-gym-server-env.sh).
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
 # The pressure extra's process metrics, at the release of the opentelemetry-instrumentation just
 # installed (pyproject.toml's test extra says why it is not listed there).
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   "opentelemetry-instrumentation-system-metrics==$("$venv/bin/python" -c \
     'import importlib.metadata as m; print(m.version("opentelemetry-instrumentation"))')"
+# NeMo Gym's sandbox API, which the tests run our hook and providers against
+# (last: pip's check after a later install would list the wheel's missing dependencies). The wheel
+# asks for Python 3.12 and a heavy stack, but its nemo_gym.sandbox package needs only the standard
+# library, so it is installed alone (tests needing more use scripts/nemo-gym-server-env.sh).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
 exec "$venv/bin/python" -m pytest "$@"
