@@ -22,14 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from collections.abc import Awaitable, Callable
-from types import ModuleType
 from typing import Any, TypeVar
 
-import wrapt
-
 from opentelemetry.instrumentation.nemo_gym import _settings
+from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_WORKERS,
@@ -88,74 +85,29 @@ def _wrapper(
 ) -> Awaitable[Any]:
     """Run a ``ServerClient`` method with its target server's name as the destination label."""
     server_name = _server_name(args, kwargs)
-    if server_name is None or not _ACTIVE:
+    if server_name is None or not _PATCH.active:
         return wrapped(*args, **kwargs)
     return _labelled(lambda: wrapped(*args, **kwargs), server_name)
 
 
-_LOCK = threading.RLock()
-_ACTIVE = False
-_HOOK_PENDING = False
-# (class, method name) -> what the class held before our wrapper, for uninstall.
-_REPLACED: dict[tuple[type, str], Any] = {}
-
-
-def _patch(module: ModuleType) -> None:
-    cls = getattr(module, _CLASS, None)
-    if not isinstance(cls, type):
-        _ONCE("no-class", logging.DEBUG, "nemo_gym: %s has no %s; not labelled", MODULE, _CLASS)
-        return
-    for method in _METHODS:
-        current = cls.__dict__.get(method)
-        if current is None or (cls, method) in _REPLACED:
-            continue
-        _REPLACED[(cls, method)] = current
-        setattr(cls, method, wrapt.FunctionWrapper(current, _wrapper))
-
-
-def _on_import(module: ModuleType) -> None:
-    global _HOOK_PENDING
-    try:
-        with _LOCK:
-            _HOOK_PENDING = False
-            if _ACTIVE:
-                _patch(module)
-    except Exception as exc:  # noqa: BLE001 - an import must never fail because of telemetry
-        _ONCE(("hook", type(exc).__name__), logging.WARNING, "nemo_gym: patch failed: %r", exc)
+_PATCH = MethodPatch(MODULE, _CLASS, _METHODS, _wrapper, _ONCE)
 
 
 def install() -> None:
     """Label ``ServerClient`` requests by target server from now on; idempotent, never raises
     for a missing or different ``nemo_gym``."""
-    global _ACTIVE, _HOOK_PENDING
-    with _LOCK:
-        if _ACTIVE:
-            return
-        _ACTIVE = True
-        module = sys.modules.get(MODULE)
-        if module is not None:
-            _patch(module)
-        elif not _HOOK_PENDING:
-            _HOOK_PENDING = True
-            wrapt.register_post_import_hook(_on_import, MODULE)
+    _PATCH.install()
 
 
 def uninstall() -> None:
     """Restore ``ServerClient``'s methods where our wrappers still sit; idempotent. A hook
     still pending for a module not yet imported does nothing."""
-    global _ACTIVE
-    with _LOCK:
-        _ACTIVE = False
-        for (cls, method), previous in list(_REPLACED.items()):
-            current = cls.__dict__.get(method)
-            if isinstance(current, wrapt.FunctionWrapper) and current.__wrapped__ is previous:
-                setattr(cls, method, previous)
-        _REPLACED.clear()
+    _PATCH.uninstall()
 
 
 def installed() -> bool:
     """Whether ``install`` is in effect."""
-    return _ACTIVE
+    return _PATCH.active
 
 
 def nemo_gym_worker_count() -> int | None:

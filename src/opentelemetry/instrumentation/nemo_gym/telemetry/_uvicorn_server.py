@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-import threading
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
-import wrapt
 from opentelemetry import metrics
 
+from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
 from opentelemetry.instrumentation.nemo_gym._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.telemetry import _pressure
 
@@ -36,13 +33,9 @@ MODULE = "uvicorn.server"
 _CLASS = "Server"
 _METHOD = "startup"
 
-_LOCK = threading.RLock()
-_ACTIVE = False
-_HOOK_PENDING = False
 # The meter provider to start on, resolved when a server starts (the global one may be set
 # after install()); None when the pressure metrics must not run (not exporting).
 _PROVIDER: Callable[[], metrics.MeterProvider | None] = lambda: None  # noqa: E731
-_REPLACED: dict[type, Any] = {}
 
 
 def _starting(server: object) -> None:
@@ -59,7 +52,7 @@ def _starting(server: object) -> None:
 def _startup(
     wrapped: Callable[..., Any], instance: object, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    if _ACTIVE:
+    if _PATCH.active:
         try:
             _starting(instance)
         except Exception as exc:  # noqa: BLE001 - a server starts whatever happens here
@@ -67,51 +60,19 @@ def _startup(
     return wrapped(*args, **kwargs)
 
 
-def _patch(module: ModuleType) -> None:
-    cls = getattr(module, _CLASS, None)
-    current = getattr(cls, "__dict__", {}).get(_METHOD)
-    if not isinstance(cls, type) or current is None or cls in _REPLACED:
-        return
-    _REPLACED[cls] = current
-    setattr(cls, _METHOD, wrapt.FunctionWrapper(current, _startup))
-
-
-def _on_import(module: ModuleType) -> None:
-    global _HOOK_PENDING
-    try:
-        with _LOCK:
-            _HOOK_PENDING = False
-            if _ACTIVE:
-                _patch(module)
-    except Exception as exc:  # noqa: BLE001 - an import must never fail because of telemetry
-        _ONCE(("hook", type(exc).__name__), logging.WARNING, "nemo_gym: patch failed: %r", exc)
+_PATCH = MethodPatch(MODULE, _CLASS, (_METHOD,), _startup, _ONCE)
 
 
 def install(provider: Callable[[], metrics.MeterProvider | None]) -> None:
     """Start the pressure metrics at each uvicorn server's startup from now on, on
     ``provider()``'s meter provider; idempotent."""
-    global _ACTIVE, _HOOK_PENDING, _PROVIDER
-    with _LOCK:
-        _PROVIDER = provider
-        if _ACTIVE:
-            return
-        _ACTIVE = True
-        module = sys.modules.get(MODULE)
-        if module is not None:
-            _patch(module)
-        elif not _HOOK_PENDING:
-            _HOOK_PENDING = True
-            wrapt.register_post_import_hook(_on_import, MODULE)
+    global _PROVIDER
+    _PROVIDER = provider
+    _PATCH.install()
 
 
 def uninstall() -> None:
     """Restore ``Server.startup`` where our wrapper still sits; idempotent."""
-    global _ACTIVE, _PROVIDER
-    with _LOCK:
-        _ACTIVE = False
-        _PROVIDER = lambda: None  # noqa: E731
-        for cls, previous in list(_REPLACED.items()):
-            current = cls.__dict__.get(_METHOD)
-            if isinstance(current, wrapt.FunctionWrapper) and current.__wrapped__ is previous:
-                setattr(cls, _METHOD, previous)
-        _REPLACED.clear()
+    global _PROVIDER
+    _PATCH.uninstall()
+    _PROVIDER = lambda: None  # noqa: E731
