@@ -56,6 +56,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import
     tar_of,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    ContainerResourceAmounts,
     SandboxCreateError,
     SandboxHandle,
     SandboxResourceAmounts,
@@ -227,10 +228,21 @@ def test_allocation_from_inspect_unset_fields() -> None:
         {"ID": "", "Name": "node"},
     )
     (component,) = allocation.components
-    assert component.limits == SandboxResourceAmounts(cpu=0.25)
+    assert component.limits == ContainerResourceAmounts(cpu=0.25)
     assert component.requests == SandboxResourceAmounts()
     assert allocation.designator == ResourceDesignator("container", "c1", scope=None)
     assert allocation.host == ResourceDesignator("host", "node")
+
+
+@pytest.mark.parametrize(
+    ("pids_limit", "pids"), [(None, None), (0, None), (-1, None), (2048, 2048)]
+)
+def test_allocation_from_inspect_pids_limit(pids_limit: int | None, pids: int | None) -> None:
+    """``PidsLimit`` is the container's pids limit; Docker's null, 0 and -1 (no limit) stay
+    unknown, never 0."""
+    inspect = {"Id": "c1", "HostConfig": {"Memory": 64 * MIB, "PidsLimit": pids_limit}}
+    (component,) = allocation_from_inspect(inspect, {}).components
+    assert component.limits == ContainerResourceAmounts(memory_mib=64, pids=pids)
 
 
 def test_sample_from_stats_absent_fields() -> None:
@@ -265,7 +277,9 @@ async def test_docker_provider_allocation_matches_engine(provider: DockerSandbox
     handle = await provider.create(
         spec(
             resources={"cpu": 0.5, "memory_mib": 64},
-            provider_options={"host_config": {"MemoryReservation": 32 * MIB, "CpuShares": 512}},
+            provider_options={
+                "host_config": {"MemoryReservation": 32 * MIB, "CpuShares": 512, "PidsLimit": 32}
+            },
         )
     )
     other = DockerSandboxProvider(f"unix://{_socket()}")
@@ -283,8 +297,9 @@ async def test_docker_provider_allocation_matches_engine(provider: DockerSandbox
     reported = inspect["HostConfig"]
     assert (reported["NanoCpus"], reported["Memory"]) == (500_000_000, 64 * MIB)
     assert (reported["MemoryReservation"], reported["CpuShares"]) == (32 * MIB, 512)
+    assert reported["PidsLimit"] == 32
     (component,) = allocation.components
-    assert component.limits == SandboxResourceAmounts(cpu=0.5, memory_mib=64)
+    assert component.limits == ContainerResourceAmounts(cpu=0.5, memory_mib=64, pids=32)
     assert component.requests == SandboxResourceAmounts(cpu=0.5, memory_mib=32)
     assert allocation.source == "docker.inspect"
     assert allocation.designator is not None
@@ -407,6 +422,10 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     # leaves it a small share of a core, so the kernel throttles it.
     handle = await traced.create(spec(resources={"cpu": 0.1, "memory_mib": 64}))
     try:
+        _, inspect = await asyncio.to_thread(
+            engine, "GET", f"/v1.41/containers/{handle.sandbox_id}/json"
+        )
+        _, version = await asyncio.to_thread(engine, "GET", "/v1.41/version")
         burner = await traced.exec(handle, "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!")
         # Wait on the condition, bounded generously (a loaded machine may give the burner
         # less than its quota for a while): five answered samples, and a throttled one
@@ -430,6 +449,18 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     known = identity(attributes_of(create)[REQUEST_ID], "docker", handle.sandbox_id)
     (allocation,) = [attributes_of(s) for s in every if attributes_of(s)[KIND] == "allocation"]
     base, container = PREFIX + "allocation.", PREFIX + "allocation.component.container."
+    # No pids limit asked for. Podman then sets its default (containers.conf's pids_limit,
+    # 2048) and the record carries it; Docker sets none, and the record says unspecified.
+    pids_limit = inspect["HostConfig"].get("PidsLimit")
+    if "Podman Engine" in [c["Name"] for c in version.get("Components", ())]:
+        assert pids_limit == 2048
+        pids = {
+            container + "limits.pids": 2048,
+            container + "limits.unspecified": ("disk_gib", "gpu"),
+        }
+    else:
+        assert pids_limit in (None, 0, -1)
+        pids = {container + "limits.unspecified": ("disk_gib", "gpu", "pids")}
     assert allocation == {
         **record(known, "allocation"),
         base + "source": "docker.inspect",
@@ -442,7 +473,7 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
         container + "requests.unspecified": ("cpu", "memory_mib", "disk_gib", "gpu"),
         container + "limits.cpu": 0.1,
         container + "limits.memory_mib": 64,
-        container + "limits.unspecified": ("disk_gib", "gpu"),
+        **pids,
         "container.id": handle.sandbox_id,
         "container.runtime.name": one_of("docker", "podman"),
     }

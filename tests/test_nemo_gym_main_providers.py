@@ -55,9 +55,16 @@ SCRIPT = textwrap.dedent(
         "docker": {"docker": {"create": {"pids_limit": 32}}},
         "otel_docker": {"otel_docker": {}},
     }
+    # The same pids limit for both: NeMo Gym's provider has it from its config, ours from
+    # the spec (a NeMo Gym spec has no pids; HostConfig is otel_docker's way to set one).
+    OPTIONS = {"docker": {}, "otel_docker": {"host_config": {"PidsLimit": 32}}}
 
     async def main():
-        spec = SandboxSpec(image=sys.argv[2], resources=SandboxResources(cpu=0.5, memory_mib=64))
+        spec = SandboxSpec(
+            image=sys.argv[2],
+            resources=SandboxResources(cpu=0.5, memory_mib=64),
+            provider_options=OPTIONS[sys.argv[1]],
+        )
         sandbox = AsyncSandbox(CONFIGS[sys.argv[1]], spec)
         await sandbox.start()
         # The exec is the kernel's first choice in the container, never its keep-alive.
@@ -311,6 +318,9 @@ async def test_builtin_docker_provider_records_equal_otel_docker_records(
     builtin, ours = allocations["docker"], allocations["otel_docker"]
     assert builtin[P + "allocation.component.container.limits.cpu"] == 0.5
     assert builtin[P + "allocation.component.container.limits.memory_mib"] == 64
+    # The pids limit NeMo Gym's config asked for, as the engine set it.
+    assert builtin[P + "allocation.component.container.limits.pids"] == 32
+    assert builtin[P + "allocation.component.container.limits.unspecified"] == ["disk_gib", "gpu"]
     assert builtin[P + "allocation.designator.kind"] == "container"
     # The engine's container ID (NeMo Gym's sandbox id is the container's name).
     assert builtin["container.id"] == builtin[P + "allocation.designator.id"]

@@ -10,6 +10,7 @@ itself is exercised in ``test_nemo_gym_main_providers.py``.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import uuid
@@ -37,6 +38,7 @@ from nemo_gym_telemetry import (
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     MIB,
+    ContainerResourceAmounts,
     SandboxHandle,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.docker import (
@@ -50,7 +52,12 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import UnknownResourcesReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
-from test_docker_provider import _image, engine_ready  # noqa: F401 - a fixture, used by name
+from test_docker_provider import (  # noqa: F401 - engine_ready: a fixture, used by name
+    _image,
+    _socket,
+    engine,
+    engine_ready,
+)
 
 
 class DockerProvider:
@@ -155,7 +162,7 @@ def cli_container(engine_ready: None) -> Iterator[str]:  # noqa: F811 - the fixt
     name = f"nemo-gym-{uuid.uuid4().hex}"
     subprocess.run(
         [binary, "run", "-d", "--name", name, "--cpus", "0.5", "--memory", "64m",
-         "--memory-swap", "64m", "--entrypoint", "/bin/sh", _image(), "-c",
+         "--memory-swap", "64m", "--pids-limit", "32", "--entrypoint", "/bin/sh", _image(), "-c",
          "while :; do sleep 2147483647; done"],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
@@ -184,7 +191,7 @@ async def test_docker_cli_reader_matches_otel_docker_and_falls_back_to_stats(
     finally:
         await engine_api.aclose()
     limits = allocation.components[0].limits
-    assert (limits.cpu, limits.memory_mib) == (0.5, 64)
+    assert limits == ContainerResourceAmounts(cpu=0.5, memory_mib=64, pids=32)
     assert len(container_id) == 64
 
     sample = await reader.resource_sample(handle)
@@ -197,3 +204,49 @@ async def test_docker_cli_reader_matches_otel_docker_and_falls_back_to_stats(
     assert stats["usage.oom_killed"] is False
     assert isinstance(stats["usage.memory_mib"], float)
     assert set(stats) == {"usage.source", "usage.oom_killed", "usage.memory_mib", "usage.pids"}
+
+
+@pytest.fixture
+def podman_cli_container(engine_ready: None) -> Iterator[str]:  # noqa: F811 - the fixture
+    """A container Podman's own CLI started on the engine, asking for no pids limit."""
+    _, version = engine("GET", "/v1.41/version")
+    if "Podman Engine" not in [c.get("Name") for c in version.get("Components", ())]:
+        pytest.skip("the engine is not Podman: no Podman default to read")
+    podman = shutil.which("podman")
+    require_service(podman is not None, "the podman CLI is not on PATH")
+    assert podman is not None
+    remote = [podman, "--remote", "--url", f"unix://{_socket()}"]
+    name = f"nemo-gym-{uuid.uuid4().hex}"
+    subprocess.run(
+        [*remote, "run", "-d", "--name", name, "--entrypoint", "/bin/sh", _image(), "-c",
+         "while :; do sleep 2147483647; done"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        yield name
+    finally:
+        subprocess.run([*remote, "rm", "-f", name], check=False, capture_output=True, timeout=120)
+
+
+async def test_docker_cli_reader_records_podman_default_pids_limit(
+    podman_cli_container: str,
+) -> None:
+    """A container Podman's own CLI started without a pids limit has the one Podman set by
+    default (``pids_limit`` in containers.conf, 2048), and the CLI reader records that figure
+    as the engine's inspect reports it, as otel_docker's reader does."""
+    binary = shutil.which("docker")
+    require_service(binary is not None, "the docker CLI is not on PATH")
+    assert binary is not None
+    _, inspect = await asyncio.to_thread(
+        engine, "GET", f"/v1.41/containers/{podman_cli_container}/json"
+    )
+    assert inspect["HostConfig"]["PidsLimit"] == 2048
+    handle = SandboxHandle(sandbox_id=podman_cli_container, provider_name="docker", raw=None)
+    allocation = await DockerCliReader(_CliProvider(binary)).resource_allocation(handle)
+    assert allocation.components[0].limits == ContainerResourceAmounts(pids=2048)
+    engine_api = DockerSandboxProvider(api_timeout_s=15.0)
+    try:
+        by_id = SandboxHandle(sandbox_id=inspect["Id"], provider_name="docker", raw=None)
+        assert allocation == await engine_api.resource_allocation(by_id)
+    finally:
+        await engine_api.aclose()

@@ -17,6 +17,7 @@ from opentelemetry.test.globals_test import reset_trace_globals
 
 from opentelemetry.instrumentation.nemo_gym.sandbox import _state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    ContainerResourceAmounts,
     SandboxHandle,
     SandboxResourceAmounts,
     SandboxResources,
@@ -181,6 +182,52 @@ def test_amount_attributes_uses_given_prefix() -> None:
     """Keys are the prefix plus the quantity name; absent ones are listed under the prefix."""
     got = amount_attributes(SandboxResourceAmounts(memory_mib=64, gpu=0), "p.")
     assert got == {"p.memory_mib": 64, "p.gpu": 0, "p.unspecified": ("cpu", "disk_gib")}
+
+
+def test_amount_attributes_container_pids_limit() -> None:
+    """A container's pids limit is ``prefix + "pids"``; unset, it is listed as unspecified."""
+    limited = ContainerResourceAmounts(cpu=0.5, memory_mib=64, pids=32)
+    assert amount_attributes(limited, "p.") == {
+        "p.cpu": 0.5,
+        "p.memory_mib": 64,
+        "p.pids": 32,
+        "p.unspecified": ("disk_gib", "gpu"),
+    }
+    assert amount_attributes(ContainerResourceAmounts(cpu=0.5), "p.") == {
+        "p.cpu": 0.5,
+        "p.unspecified": ("memory_mib", "disk_gib", "gpu", "pids"),
+    }
+    everything = ContainerResourceAmounts(cpu=1.0, memory_mib=1, disk_gib=2, gpu=0, pids=4096)
+    assert amount_attributes(everything, "p.") == {
+        "p.cpu": 1.0,
+        "p.memory_mib": 1,
+        "p.disk_gib": 2,
+        "p.gpu": 0,
+        "p.pids": 4096,
+    }
+
+
+def test_allocation_attributes_pids_only_in_container_limits() -> None:
+    """Only the container limits mention pids; shared-quantity requests never do."""
+    allocation = ResourceAllocation(
+        source="test",
+        components=(
+            ComponentAllocation(
+                "container",
+                requests=SandboxResourceAmounts(memory_mib=32),
+                limits=ContainerResourceAmounts(memory_mib=64),
+            ),
+        ),
+    )
+    base = PREFIX + "allocation."
+    assert allocation_attributes(allocation) == {
+        base + "source": "test",
+        base + "components": ("container",),
+        base + "component.container.requests.memory_mib": 32,
+        base + "component.container.requests.unspecified": ("cpu", "disk_gib", "gpu"),
+        base + "component.container.limits.memory_mib": 64,
+        base + "component.container.limits.unspecified": ("cpu", "disk_gib", "gpu", "pids"),
+    }
 
 
 def test_record_request_gives_distinct_identities() -> None:

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    ContainerResourceAmounts,
     SandboxHandle,
     SandboxResourceAmounts,
     SandboxResources,
@@ -39,6 +40,37 @@ def test_sandbox_resource_amounts_huge_value_names_field(field: str, value: obje
     """A number beyond 64 bits is a ValueError naming the field, not an OverflowError."""
     with pytest.raises(ValueError, match=field):
         SandboxResourceAmounts(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (math.nan, "must be finite"),
+        (math.inf, "must be finite"),
+        (-1, "must not be negative"),
+        ("32", "is not a number"),
+        (True, "is not a number"),
+        (1.5, "must be a whole number"),
+        (2**63, "is too large"),
+    ],
+)
+def test_container_resource_amounts_bad_pids_names_field(value: object, says: str) -> None:
+    """A pids limit that no span may carry is a ValueError naming ``pids`` and the value."""
+    with pytest.raises(ValueError, match=rf"sandbox resource pids={value!r} {says}"):
+        ContainerResourceAmounts(pids=value)  # type: ignore[arg-type]
+
+
+def test_container_resource_amounts_validates_shared_quantities() -> None:
+    """The shared quantities are checked as in ``SandboxResourceAmounts``, unset pids is None,
+    and a whole float becomes an int."""
+    with pytest.raises(ValueError, match="cpu=nan"):
+        ContainerResourceAmounts(cpu=math.nan, pids=32)
+    amounts = ContainerResourceAmounts(cpu=0.5, memory_mib=64, pids=32.0)  # type: ignore[arg-type]
+    assert (amounts.cpu, amounts.memory_mib, amounts.disk_gib, amounts.gpu) == (0.5, 64, None, None)
+    assert amounts.pids == 32
+    assert type(amounts.pids) is int
+    assert ContainerResourceAmounts().pids is None
+    assert isinstance(amounts, SandboxResourceAmounts)
 
 
 def test_sandbox_resources_from_mapping_huge_string_names_field() -> None:
@@ -83,6 +115,12 @@ def test_component_allocation_converts_duck_typed_amounts() -> None:
         limits=SimpleNamespace(cpu=0.5, memory_mib=64, disk_gib=None, gpu=None),  # type: ignore[arg-type]
     )
     assert component.limits == SandboxResourceAmounts(cpu=0.5, memory_mib=64)
+
+
+def test_component_allocation_keeps_container_limits() -> None:
+    """Container limits stay ``ContainerResourceAmounts``, their pids limit with them."""
+    limits = ContainerResourceAmounts(cpu=0.5, pids=32)
+    assert ComponentAllocation("container", limits=limits).limits is limits
 
 
 def test_resource_allocation_refuses_wrong_parts() -> None:

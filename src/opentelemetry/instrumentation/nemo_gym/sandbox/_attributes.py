@@ -22,6 +22,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_once
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
+    ContainerResourceAmounts,
     SandboxResourceAmounts,
     SandboxResources,
     SandboxSpec,
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 _QUANTITIES = ("cpu", "memory_mib", "disk_gib", "gpu")
+_CONTAINER_QUANTITIES = (*_QUANTITIES, "pids")
 
 # The largest integer a span attribute can carry (signed 64-bit).
 _MAX_INT = (1 << 63) - 1
@@ -53,11 +55,13 @@ def amount_attributes(amounts: SandboxResourceAmounts, prefix: str) -> dict[str,
     Each known quantity becomes ``prefix + name``; an absent one (``None``) is omitted, never
     written as 0, and its name is listed in ``prefix + "unspecified"`` (a string array, left
     out when everything is specified). ``amounts`` may be any object with the four quantity
-    attributes (nemo_gym's work duck-typed).
+    attributes (nemo_gym's work duck-typed). A ``ContainerResourceAmounts`` adds ``pids``
+    under the same rules; other amounts have no such quantity, so their keys never mention it.
     """
     attributes: dict[str, Attribute] = {}
     unspecified: list[str] = []
-    for name in _QUANTITIES:
+    names = _CONTAINER_QUANTITIES if isinstance(amounts, ContainerResourceAmounts) else _QUANTITIES
+    for name in names:
         value = getattr(amounts, name, None)
         if value is None:
             unspecified.append(name)

@@ -14,6 +14,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     MIB,
+    ContainerResourceAmounts,
     SandboxResourceAmounts,
     SandboxResources,
 )
@@ -76,7 +77,10 @@ def daemon_scope(info: Mapping[str, Any], libpod_info: Mapping[str, Any] | None)
 def allocation_from_inspect(
     inspect: Mapping[str, Any], daemon: Mapping[str, Any]
 ) -> ResourceAllocation:
-    """The allocation a container's inspect answer shows; 0 or a missing field stays unknown."""
+    """The allocation a container's inspect answer shows; 0 or a missing field stays unknown.
+
+    The limits are ``ContainerResourceAmounts``: cpu, memory and the pids limit.
+    """
     config = inspect.get("HostConfig") or {}
     cpu_limit: float | None = None
     nano = _positive(config, "NanoCpus")
@@ -88,6 +92,13 @@ def allocation_from_inspect(
     memory = _positive(config, "Memory")
     reservation = _positive(config, "MemoryReservation")
     shares = _positive(config, "CpuShares")
+    # The pids limit as the engine reports it, not the cgroup's ``pids.max``: both hold what
+    # the engine set (measured equal on Podman 4.3: 32 and 32, 2048 and 2048, 0 and ``max``),
+    # but the inspect answer is what every other quantity here comes from, and it is there
+    # wherever the engine is, also where this host cannot read the container's cgroup.
+    # Null, 0 and -1 mean no limit. An engine's own default is what it set: Podman gives a
+    # container whose create asks nothing (``otel_docker``'s, or its own CLI's) 2048.
+    pids = _positive(config, "PidsLimit")
     component = ComponentAllocation(
         name="container",
         # CpuShares are relative weights; 1024 is the engines' weight of one full core.
@@ -95,8 +106,8 @@ def allocation_from_inspect(
             cpu=None if shares is None else shares / 1024,
             memory_mib=None if reservation is None else reservation // MIB,
         ),
-        limits=SandboxResourceAmounts(
-            cpu=cpu_limit, memory_mib=None if memory is None else memory // MIB
+        limits=ContainerResourceAmounts(
+            cpu=cpu_limit, memory_mib=None if memory is None else memory // MIB, pids=pids
         ),
     )
     daemon_id = daemon.get("Scope") or None

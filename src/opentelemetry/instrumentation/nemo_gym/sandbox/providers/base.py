@@ -3,7 +3,8 @@
 Shapes follow nemo_gym's ``sandbox.providers.base`` so that nemo_gym's own specs, handles and
 providers work here duck-typed, and ours work there. The one addition is
 ``SandboxResourceAmounts``: the quantities that requests, limits and usage share, validated on
-construction so a NaN, an infinity or a negative amount never reaches a span.
+construction so a NaN, an infinity or a negative amount never reaches a span; and
+``ContainerResourceAmounts``, a container's limits, which add the process count an engine caps.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "EXEC_TIMEOUT_RETURN_CODE",
     "MIB",
+    "ContainerResourceAmounts",
     "ExecResult",
     "SandboxCreateError",
     "SandboxExecResult",
@@ -109,6 +111,23 @@ class SandboxResourceAmounts:
         )
         object.__setattr__(self, "disk_gib", _checked_quantity("disk_gib", self.disk_gib, int))
         object.__setattr__(self, "gpu", _checked_quantity("gpu", self.gpu, int))
+
+
+@dataclass(frozen=True)
+class ContainerResourceAmounts(SandboxResourceAmounts):
+    """A container's limits: the shared quantities plus ``pids``, the most processes (and
+    threads) the engine lets it hold at once.
+
+    Only limits have it: NeMo Gym's ``SandboxResources`` cannot ask for a process count, so it
+    is no shared quantity and never appears in requests. ``None`` means no limit is set (an
+    engine's 0, -1 or ``max``), never 0; a value is validated like the others.
+    """
+
+    pids: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "pids", _checked_quantity("pids", self.pids, int))
 
 
 @dataclass(frozen=True)
