@@ -1,7 +1,7 @@
 """The provider-facing sandbox protocol and its values.
 
 Shapes follow nemo_gym's ``sandbox.providers.base`` so that nemo_gym's own specs, handles and
-providers work here duck-typed, and ours work there. The one addition is
+providers work here duck-typed, and ours work there. The additions are
 ``SandboxResourceAmounts``: the quantities that requests, limits and usage share, validated on
 construction so a NaN, an infinity or a negative amount never reaches a span; and
 ``ContainerResourceAmounts``, a container's limits, which add the process count an engine caps.
@@ -119,8 +119,9 @@ class ContainerResourceAmounts(SandboxResourceAmounts):
     threads) the engine lets it hold at once.
 
     Only limits have it: NeMo Gym's ``SandboxResources`` cannot ask for a process count, so it
-    is no shared quantity and never appears in requests. ``None`` means no limit is set (an
-    engine's 0, -1 or ``max``), never 0; a value is validated like the others.
+    is no shared quantity and never appears in requests. ``None`` is no known limit (what the
+    docker readers make of an engine's null, 0 or -1), never 0; a value is validated like the
+    others.
     """
 
     pids: int | None = None
