@@ -28,7 +28,7 @@ PENDING_PAGES = {ROOT / "docs" / "tracing.md", ROOT / "docs" / "names.md"}
 
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
-_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
 
 
