@@ -28,7 +28,16 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
-from nemo_gym_deployment import deployment_section
+from nemo_gym_deployment import (
+    CLONE,
+    EXPORT_INTERVAL,
+    HEAD_PORT,
+    MODEL_URL,
+    WORKING_FOLDER,
+    deployment_section,
+    deployment_shells,
+    fill,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -282,6 +291,19 @@ def test_docs_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     )
     assert installed.returncode == 0, installed.stderr
     assert sys.prefix != str(home)
+
+
+def test_docs_deployment_walkthrough_has_two_shells_and_every_placeholder() -> None:
+    """The deployment page still has what tests/test_nemo_gym_deployment.py fills and runs (its
+    own section is heavy; this fails in the main suite the moment the page loses a piece)."""
+    shells = deployment_shells()
+    assert len(shells) == 2, shells
+    values = {placeholder: f"<{placeholder}>" for placeholder in (CLONE, WORKING_FOLDER)}
+    values |= {MODEL_URL: "<model>", HEAD_PORT: "<port>", EXPORT_INTERVAL: "<interval>"}
+    first, second = fill(shells, values)
+    assert "gym env start" in first
+    assert "gym eval run" in second
+    assert HEAD_PORT not in first + second
 
 
 def test_docs_python_blocks_all_accounted_for() -> None:
