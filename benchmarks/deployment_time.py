@@ -1,7 +1,7 @@
-"""Clone to first metrics: how long the README's NeMo Gym deployment section takes.
+"""Clone to first metrics: how long the NeMo Gym deployment walk-through takes.
 
-Clones this checkout's committed HEAD into a fresh folder under /tmp, then runs the README
-section's two shells through ``tests/nemo_gym_deployment.run_deployment`` with the README's own
+Clones this checkout's committed HEAD into a fresh folder under /tmp, then runs the two shells
+of docs/nemo-gym-deployment.md through ``tests/nemo_gym_deployment.run_deployment`` with its own
 15 s export interval, and prints the seconds from the start of the clone to the servers being
 ready and to the first ``gym_http_connection_pool_connect_total`` the collector's Prometheus
 exporter shows (polled every second). ``--cold`` points pip's, uv's and Go's caches

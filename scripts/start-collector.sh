@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build and start an OpenTelemetry Collector on loopback: the one the README exports to and the
-# OTLP tests send to.
+# Build and start an OpenTelemetry Collector on loopback: the one the docs export to
+# (docs/nemo-gym-deployment.md) and the OTLP tests send to.
 #
 # Idempotent, like scripts/start-podman.sh: builds the collector from scripts/collector/
 # (main.go, go.mod, go.sum: the collector's own Go modules, no downloaded binary) with the

@@ -65,8 +65,8 @@ def _importable(module: str, venv_script: str, *, load: bool = True) -> Callable
     return missing
 
 
-def _python312_where_the_readme_looks() -> str | None:
-    # The README's `python=` line: pyenv's 3.12, else Debian/Ubuntu's.
+def _python312_where_the_deployment_page_looks() -> str | None:
+    # The `python=` line of docs/nemo-gym-deployment.md: pyenv's 3.12, else Debian/Ubuntu's.
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     if [*pyenv.glob("versions/3.12.*/bin/python3.12"), *Path("/usr/bin").glob("python3.12")]:
         return None
@@ -103,10 +103,10 @@ SECTIONS: dict[str, Section] = {
         _importable("ray", "bash scripts/ray-env.sh", load=False),
     ),
     "deployment": Section(
-        "runs the README's NeMo Gym deployment commands (a Python 3.12 where the README looks, "
+        "runs docs/nemo-gym-deployment.md's commands (a Python 3.12 where that page looks, "
         "Go for the collector, PyPI or a warm pip cache); run: "
         ".venv/bin/python -m pytest -s -m deployment tests/test_nemo_gym_deployment.py",
-        _python312_where_the_readme_looks,
+        _python312_where_the_deployment_page_looks,
     ),
     "nemo_gym_server": Section(
         "needs NeMo Gym's server_utils (.venv-nemo-gym-server, from "

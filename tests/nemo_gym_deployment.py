@@ -1,13 +1,14 @@
-"""A real NeMo Gym deployment run by the README's own commands, and what reached the collector.
+"""A real NeMo Gym deployment run by the commands of its page, docs/nemo-gym-deployment.md, and
+what reached the collector.
 
-``run_deployment()`` reads the two ``console`` blocks of the README section "A NeMo Gym
-deployment: every server reports" and runs each, as written, as one ``bash -e`` script: the
-first shell (the collector, a Python 3.12 virtualenv with nemo-gym 0.4.0 and this plugin from
-the clone, ``nemo-gym-otel server-venvs``, ``gym env start`` with three servers: the
-``example_single_tool_call`` resources server, its ``simple_agent``, and the ``openai_model``
+``run_deployment()`` reads the two ``console`` blocks of ``docs/nemo-gym-deployment.md`` ("A
+NeMo Gym deployment: every server reports") and runs each, as written, as one ``bash -e``
+script: the first shell (the collector, a Python 3.12 virtualenv with nemo-gym 0.4.0 and this
+plugin from the clone, ``nemo-gym-otel server-venvs``, ``gym env start`` with three servers:
+the ``example_single_tool_call`` resources server, its ``simple_agent``, and the ``openai_model``
 model server), then, once the servers are ready, the second shell (``gym eval run``, 300
 rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C does (NeMo
-Gym then also sends SIGINT to each server's shell and kills that 1 s later). Only the README's
+Gym then also sends SIGINT to each server's shell and kills that 1 s later). Only the page's
 placeholders are filled (``fill()``): the clone's path, the working folder (a fresh one under
 /tmp: Ray's socket paths must stay under 108 characters), the model endpoint (the
 OpenAI-compatible stub in ``deployment/openai_stub.py``), the head server's port (a free one)
@@ -66,9 +67,9 @@ KILL_AFTER_S = (
     else None
 )
 UV_CACHE = Path.home() / ".cache" / "nemo-gym-otel" / "uv"
-README = ROOT / "README.md"
-SECTION = "### A NeMo Gym deployment: every server reports"
-# The README's placeholders, which the test fills (and nothing else in its commands).
+DEPLOYMENT_PAGE = ROOT / "docs" / "nemo-gym-deployment.md"
+SECTION = "# A NeMo Gym deployment: every server reports"
+# The page's placeholders, which the test fills (and nothing else in its commands).
 CLONE = "~/opentelemetry-instrumentation-nemo-gym"
 WORKING_FOLDER = "~/gym-otel"
 MODEL_URL = "http://127.0.0.1:8000/v1"
@@ -180,13 +181,13 @@ def end_by_pid(session: int, folder: Path, spare: int = 0) -> list[str]:
 
 
 def deployment_section() -> str:
-    """The README's deployment section, up to the next heading."""
-    text = README.read_text(encoding="utf-8")
+    """The deployment walk-through, from the page's title up to its next heading."""
+    text = "\n" + DEPLOYMENT_PAGE.read_text(encoding="utf-8")
     return re.split(r"\n#{1,3} ", text.split(f"\n{SECTION}\n", 1)[1], maxsplit=1)[0]
 
 
-def readme_shells() -> list[str]:
-    """The README section's ``console`` blocks, each as the script a user types into one shell:
+def deployment_shells() -> list[str]:
+    """The page's ``console`` blocks, each as the script a user types into one shell:
     every ``$ `` command with its continuation lines, exactly as written."""
     body = deployment_section()
     blocks: list[str] = []
@@ -206,10 +207,10 @@ def readme_shells() -> list[str]:
 
 
 def fill(shells: list[str], values: dict[str, str]) -> list[str]:
-    """The shells with each README placeholder replaced by its value here; a placeholder the
-    README no longer has fails, so the test cannot go on running its own idea of the commands."""
+    """The shells with each page placeholder replaced by its value here; a placeholder the
+    page no longer has fails, so the test cannot go on running its own idea of the commands."""
     for placeholder in values:
-        assert any(placeholder in shell for shell in shells), f"README lacks {placeholder!r}"
+        assert any(placeholder in shell for shell in shells), f"the page lacks {placeholder!r}"
     filled = []
     for shell in shells:
         for placeholder, value in values.items():
@@ -219,7 +220,7 @@ def fill(shells: list[str], values: dict[str, str]) -> list[str]:
 
 
 def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[str, str]:
-    """The user's shell before the README's first command: nothing of OpenTelemetry, Ray or uv
+    """The user's shell before the page's first command: nothing of OpenTelemetry, Ray or uv
     set, no virtualenv active; the collector's state folder and free ports of the test's own."""
     env = {
         k: v
@@ -228,11 +229,11 @@ def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[st
     }
     env.pop("PYTHONPATH", None)
     env.update(
-        # The collector the README starts: in a state folder of the test's own (the user's
+        # The collector the page starts: in a state folder of the test's own (the user's
         # default, /tmp/nemo-gym-collector-<uid>, is left alone), on free ports.
         NEMO_GYM_COLLECTOR_DIR=str(collector_state),
         NEMO_GYM_COLLECTOR_PORTS="0,0,0",
-        # The README's +uv_cache_dir reads it: reruns reuse the server virtualenvs' packages.
+        # The page's +uv_cache_dir reads it: reruns reuse the server virtualenvs' packages.
         UV_CACHE_DIR=str(uv_cache),
         RAY_USAGE_STATS_ENABLED="0",
         PYTHONUNBUFFERED="1",
@@ -258,7 +259,7 @@ def _has_pool_series(url: str) -> bool:
 
 @dataclass
 class Timeline:
-    """Seconds from the README's first command to each milestone (``measure=True``)."""
+    """Seconds from the page's first command to each milestone (``measure=True``)."""
 
     servers_ready: float | None = None
     first_metrics: float | None = None  # first gym_http_connection_pool_connect_total scraped
@@ -303,7 +304,7 @@ PORT_TAKEN_BOUND_S = 150
 def _head_port_taken(
     shells: list[str], placeholders: dict[str, str], folder: Path, env: dict[str, str], spare: int
 ) -> PortTaken:
-    """Run the README's first shell again in the same folder, with its head-server port held by
+    """Run the page's first shell again in the same folder, with its head-server port held by
     a listener that never answers; once gym env start says it is waiting for its head server,
     press Ctrl-C and time how long its processes take to end (at most PORT_TAKEN_BOUND_S)."""
     with socket.socket() as listener:
@@ -360,8 +361,8 @@ def run_deployment(
     measure: bool = False,
     timeline: Timeline | None = None,
 ) -> Deployment:
-    """Run the README section's two shells, as written, and collect what arrived; see the
-    module. ``measure``: keep the README's export interval and record ``timeline``."""
+    """Run the page's two shells, as written, and collect what arrived; see the
+    module. ``measure``: keep the page's export interval and record ``timeline``."""
     folder = Path(tempfile.mkdtemp(prefix="ngd-", dir="/tmp"))
     # The collector's state outside the deployment's folder: end_by_pid() ends whatever names
     # that folder, and the collector must outlive the deployment.
@@ -389,8 +390,8 @@ def run_deployment(
         if not measure:
             # Ten minutes: each process's final export at shutdown is its only one.
             placeholders[EXPORT_INTERVAL] = "OTEL_METRIC_EXPORT_INTERVAL=600000"
-        shells = readme_shells()
-        assert len(shells) == 2, f"the README section has {len(shells)} console blocks, not 2"
+        shells = deployment_shells()
+        assert len(shells) == 2, f"the page has {len(shells)} console blocks, not 2"
         first_shell, second_shell = fill(shells, placeholders)
 
         start = time.monotonic()

@@ -1,8 +1,8 @@
 """A real NeMo Gym deployment (nemo-gym 0.4.0, ``gym env start`` and ``gym eval run``) run by
-the README's own commands, as written: every server reports, says which server it is, and loses
-nothing at shutdown.
+the commands of docs/nemo-gym-deployment.md, as written: every server reports, says which
+server it is, and loses nothing at shutdown.
 
-Heavy (a Python 3.12 virtualenv with NeMo Gym's whole stack installed by the README's pip line,
+Heavy (a Python 3.12 virtualenv with NeMo Gym's whole stack installed by the page's pip line,
 a Ray cluster, a collector, three servers, 300 rollouts), so it runs in its own ``.ci/run``
 section:
 

@@ -58,9 +58,9 @@ def test_sections_main_suite_deselects_not_skips() -> None:
 
 
 def test_sections_deployment_without_python312_fails(tmp_path: Path) -> None:
-    """``-m deployment`` where the README's ``python=`` line finds no Python 3.12 fails, naming
-    where it looked."""
-    # The README's other place for it; on a machine that has it, this check cannot fail.
+    """``-m deployment`` where the deployment page's ``python=`` line finds no Python 3.12
+    fails, naming where it looked."""
+    # The page's other place for it; on a machine that has it, this check cannot fail.
     assert not Path("/usr/bin/python3.12").exists(), "precondition: no Debian python3.12"
     done = pytest_run(
         "-m", "deployment", "tests/test_nemo_gym_deployment.py", PYENV_ROOT=str(tmp_path)

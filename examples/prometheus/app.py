@@ -91,7 +91,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 )
 
 QUEUE_DURATIONS = (
-    "gym.http.connection_pool.queue_duration_ms",  # default names (page 004)
+    "gym.http.connection_pool.queue_duration_ms",  # default names (NeMo Gym's)
     "http.client.request.time_in_queue",  # OTEL_SEMCONV_STABILITY_OPT_IN=http
 )
 CONNECT_TOTAL = "gym.http.connection_pool.connect_total"

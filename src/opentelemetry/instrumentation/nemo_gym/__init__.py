@@ -228,7 +228,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if in_ray_system_process():
             # Ray's dashboard, agents and monitors inherit the environment of whoever started
             # Ray, so they load the plugin too; their aiohttp pools are Ray's plumbing, not the
-            # application's, and are left plain (the README says why).
+            # application's, and are left plain (docs/identity-and-ray.md says why).
             logger.debug("nemo_gym: a Ray system process; nothing instrumented")
             return
         try:

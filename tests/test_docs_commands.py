@@ -1,15 +1,19 @@
-"""Every shell command in the README runs, as written, and does what the README says.
+"""Every shell command in the README and the pages beside it runs, as written, and does what
+the page says.
 
-The commands are read from the README's ``console`` blocks (``$ `` starts one, a trailing
-backslash continues it; other lines are the output the README shows). Each is run with
+The commands are read from the ``console`` blocks (``$ `` starts one, a trailing backslash
+continues it; other lines are the output the page shows) of ``PAGES``: README.md,
+CONTRIBUTING.md and every page of docs/. Each is run once, however many pages show it, with
 ``bash -c`` from the repository root, exactly as written, with only these exceptions:
 
 * commands listed in ``NOT_RUN_HERE`` are not run, for the reason given beside each;
 * the install lines (``INSTALL_SEQUENCE``) run in order in a throwaway virtualenv, as a user
-  with that virtualenv active would run them, ending with the zero-code command.
+  with that virtualenv active would run them, ending with the zero-code command;
+* the NeMo Gym deployment walk-through's commands are run by
+  tests/test_nemo_gym_deployment.py, its two shells in order.
 
-``test_readme_commands_all_accounted_for`` fails when the README gains a command this file
-does not know, or loses one it does.
+``test_docs_commands_all_accounted_for`` fails when a page gains a command this file does not
+know, or loses one it does.
 """
 
 from __future__ import annotations
@@ -24,17 +28,26 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
-from nemo_gym_deployment import deployment_section
+from nemo_gym_deployment import (
+    CLONE,
+    EXPORT_INTERVAL,
+    HEAD_PORT,
+    MODEL_URL,
+    WORKING_FOLDER,
+    deployment_section,
+    deployment_shells,
+    fill,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGES = (ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")))
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 
-# The README's commands use .venv: run them once, from the suite run in .venv, not again
+# The pages' commands use .venv: run them once, from the suite run in .venv, not again
 # from CI's other virtualenvs (lowest aiohttp, other Pythons), where they would test the same.
 IN_DOT_VENV = Path(sys.prefix).resolve() == (ROOT / ".venv").resolve()
 once = pytest.mark.skipif(
-    not IN_DOT_VENV, reason="run once, by the suite in .venv (the README's commands use it)"
+    not IN_DOT_VENV, reason="run once, by the suite in .venv (the pages' commands use it)"
 )
 
 pytestmark = pytest.mark.integration
@@ -97,17 +110,15 @@ MUST_NOT_SHOW = {
     ),
     "quickstart": ("Traceback",),
 }
-# Values that differ between machines, in output lines the README shows.
+# Values that differ between machines, in output lines the pages show.
 MACHINE_VALUES = re.compile(r"(file_descriptor_soft_limit|ephemeral_ports_per_destination)=\S+")
 
 
-def readme_commands(text: str | None = None) -> list[tuple[str, list[str]]]:
-    """Each ``console`` command in the README (or ``text``) with the output lines shown under
-    it."""
+def page_commands(text: str) -> list[tuple[str, list[str]]]:
+    """Each ``console`` command in a page's ``text`` with the output lines shown under it."""
     found: list[tuple[str, list[str]]] = []
     in_console = False
     pending: list[str] = []
-    text = text if text is not None else README.read_text(encoding="utf-8")
     for line in text.splitlines():
         if line.startswith("```"):
             in_console = line.strip() == "```console"
@@ -129,16 +140,67 @@ def readme_commands(text: str | None = None) -> list[tuple[str, list[str]]]:
     return found
 
 
-COMMANDS = readme_commands()
-# The deployment section's commands: run by tests/test_nemo_gym_deployment.py, its two shells
-# in order (the second repeats the first's setup lines, as a user types them again).
-_NEMO_GYM_DEPLOYMENT = {command for command, _ in readme_commands(deployment_section())}
+def _each_command_once(
+    page_commands: dict[Path, list[tuple[str, list[str]]]],
+) -> dict[str, list[str]]:
+    """Each command once, with the output lines every page shows under it."""
+    commands: dict[str, list[str]] = {}
+    for found in page_commands.values():
+        for command, shown in found:
+            commands.setdefault(command, []).extend(shown)
+    return commands
+
+
+PAGE_COMMANDS = {page: page_commands(page.read_text(encoding="utf-8")) for page in PAGES}
+COMMANDS = _each_command_once(PAGE_COMMANDS)
+# The deployment walk-through's commands: run by tests/test_nemo_gym_deployment.py, its two
+# shells in order (the second repeats the first's setup lines, as a user types them again).
+_NEMO_GYM_DEPLOYMENT = {command for command, _ in page_commands(deployment_section())}
 RUN_AS_WRITTEN = [
     (command, shown)
-    for command, shown in COMMANDS
+    for command, shown in COMMANDS.items()
     if command not in NOT_RUN_HERE
     and command not in INSTALL_SEQUENCE
     and command not in _NEMO_GYM_DEPLOYMENT
+]
+
+
+# Python examples that need what a page leaves to the reader; every other ``python`` block runs.
+PYTHON_NOT_RUN = {
+    "set_server_name(": (
+        "a fragment inside the reader's coroutine (its session, url and payload); "
+        "tests/test_connection_pool.py and tests/test_pool_telemetry.py make these calls"
+    ),
+    "ray.init(": (
+        "needs a Ray cluster on loopback; tests/test_ray_cluster.py runs the same task on one, "
+        "in .ci/run's ray_cluster section"
+    ),
+}
+# Runs a page's python block as a module would, top-level ``await`` included.
+_RUN_BLOCK = """
+import ast, asyncio, sys
+code = compile(sys.stdin.read(), "<page>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+result = eval(code, {"__name__": "__main__"})
+if asyncio.iscoroutine(result):
+    asyncio.run(result)
+"""
+
+
+def python_blocks(page: Path) -> list[str]:
+    """The ``python`` code blocks of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+PYTHON_BLOCKS = [
+    (f"{page.relative_to(ROOT)}, python block {number}", block)
+    for page in PAGES
+    for number, block in enumerate(python_blocks(page), start=1)
+]
+PYTHON_RUN = [
+    (where, block)
+    for where, block in PYTHON_BLOCKS
+    if not any(fragment in block for fragment in PYTHON_NOT_RUN)
 ]
 
 
@@ -163,14 +225,15 @@ def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.Comple
     )
 
 
-def test_readme_commands_all_accounted_for() -> None:
-    """Every README command is run here or has a stated reason; no entry here is stale."""
-    names = [command for command, _ in COMMANDS]
-    once_each = [name for name in names if name not in _NEMO_GYM_DEPLOYMENT]
-    assert len(once_each) == len(set(once_each)), "a README command appears twice"
+def test_docs_commands_all_accounted_for() -> None:
+    """Every command of the pages is run here or has a stated reason; no entry here is stale."""
+    names = list(COMMANDS)
+    for page, commands in PAGE_COMMANDS.items():
+        once_each = [name for name, _ in commands if name not in _NEMO_GYM_DEPLOYMENT]
+        assert len(once_each) == len(set(once_each)), f"a command appears twice in {page.name}"
     assert len(_NEMO_GYM_DEPLOYMENT) >= 10, _NEMO_GYM_DEPLOYMENT
     for command in [*NOT_RUN_HERE, *INSTALL_SEQUENCE]:
-        assert command in names, f"{command!r} is no longer in the README"
+        assert command in names, f"{command!r} is no longer on any page"
     for fragment in [*EXIT_STATUS, *MUST_SHOW, *MUST_NOT_SHOW]:
         assert any(fragment in name for name in names), f"{fragment!r} matches no command"
     assert len(RUN_AS_WRITTEN) >= 6
@@ -178,11 +241,11 @@ def test_readme_commands_all_accounted_for() -> None:
 
 @once
 @pytest.mark.parametrize(("command", "shown"), RUN_AS_WRITTEN, ids=[c for c, _ in RUN_AS_WRITTEN])
-def test_readme_command_runs_as_written(command: str, shown: list[str]) -> None:
-    """The command succeeds from the repository root and prints what the README shows."""
+def test_docs_command_runs_as_written(command: str, shown: list[str]) -> None:
+    """The command succeeds from the repository root and prints what its pages show."""
     require_service(
         (ROOT / ".venv" / "bin" / "python").exists(),
-        "the README's commands use .venv, which `bash scripts/quickstart.sh` creates",
+        "the pages' commands use .venv, which `bash scripts/quickstart.sh` creates",
     )
     result = _run(command, _environment(), timeout=540)
     output = result.stdout + result.stderr
@@ -198,11 +261,11 @@ def test_readme_command_runs_as_written(command: str, shown: list[str]) -> None:
                 assert needle not in output, f"{needle!r} in the output:\n{output[-4000:]}"
     actual_lines = {MACHINE_VALUES.sub(r"\1=…", line) for line in output.splitlines()}
     for line in shown:
-        assert MACHINE_VALUES.sub(r"\1=…", line) in actual_lines, f"README shows {line!r}"
+        assert MACHINE_VALUES.sub(r"\1=…", line) in actual_lines, f"a page shows {line!r}"
 
 
 @once
-def test_readme_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
+def test_docs_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     """From source plus the distro, in a new virtualenv: the zero-code command prints metrics.
 
     The PyPI line is replaced by the install-from-source line next to it (not published yet).
@@ -228,3 +291,42 @@ def test_readme_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     )
     assert installed.returncode == 0, installed.stderr
     assert sys.prefix != str(home)
+
+
+def test_docs_deployment_walkthrough_has_two_shells_and_every_placeholder() -> None:
+    """The deployment page still has what tests/test_nemo_gym_deployment.py fills and runs (its
+    own section is heavy; this fails in the main suite the moment the page loses a piece)."""
+    shells = deployment_shells()
+    assert len(shells) == 2, shells
+    values = {placeholder: f"<{placeholder}>" for placeholder in (CLONE, WORKING_FOLDER)}
+    values |= {MODEL_URL: "<model>", HEAD_PORT: "<port>", EXPORT_INTERVAL: "<interval>"}
+    first, second = fill(shells, values)
+    assert "gym env start" in first
+    assert "gym eval run" in second
+    assert HEAD_PORT not in first + second
+
+
+def test_docs_python_blocks_all_accounted_for() -> None:
+    """Every ``python`` block of the pages runs here or has a stated reason; none is stale."""
+    for fragment in PYTHON_NOT_RUN:
+        matching = [block for _, block in PYTHON_BLOCKS if fragment in block]
+        assert len(matching) == 1, (fragment, matching)
+    assert len(PYTHON_RUN) >= 2, PYTHON_RUN
+
+
+@once
+@pytest.mark.parametrize(("where", "block"), PYTHON_RUN, ids=[where for where, _ in PYTHON_RUN])
+def test_docs_python_block_runs_as_written(where: str, block: str, tmp_path: Path) -> None:
+    """The block runs to its end, as written, in a fresh folder."""
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_BLOCK],
+        input=block,
+        cwd=tmp_path,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{where}:\n{result.stdout}{result.stderr}"
+    assert "Traceback" not in result.stderr, f"{where}:\n{result.stderr}"
