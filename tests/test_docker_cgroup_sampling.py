@@ -51,7 +51,10 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 # no newline, so it holds all 300 MB; the 64 MiB limit makes the kernel kill it. Its
 # oom_score_adj (inherited by the pipeline) makes it the kernel's first choice in the
 # container, never the container's main process (seen chosen on a loaded machine).
-OOM_COMMAND = "echo 1000 >/proc/self/oom_score_adj; head -c 300000000 /dev/zero | tail"
+# One process that grows until the kernel kills it: `sort` holds its one endless line of
+# /dev/zero in memory. Not a pipeline, whose writer the kernel can take as a second victim
+# while it reaps the first (seen as two kills on a loaded machine).
+OOM_COMMAND = "echo 1000 >/proc/self/oom_score_adj; exec sort /dev/zero"
 
 
 class StatsOnlyProvider(DockerSandboxProvider):

@@ -67,9 +67,11 @@ SCRIPT = textwrap.dedent(
         )
         sandbox = AsyncSandbox(CONFIGS[sys.argv[1]], spec)
         await sandbox.start()
-        # The exec is the kernel's first choice in the container, never its keep-alive.
+        # The exec is the kernel's first choice in the container, never its keep-alive, and
+        # its only one: one process (`sort` holds /dev/zero's endless line), not a pipeline
+        # whose writer could be a second victim.
         oom = await sandbox.exec(
-            "echo 1000 >/proc/self/oom_score_adj; head -c 300000000 /dev/zero | tail",
+            "echo 1000 >/proc/self/oom_score_adj; exec sort /dev/zero",
             timeout_s=60,
         )
         loop = await sandbox.exec(
