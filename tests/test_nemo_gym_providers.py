@@ -18,7 +18,7 @@ import pytest
 import wrapt
 
 from nemo_gym_support import nemo_gym_sandbox
-from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
@@ -252,7 +252,7 @@ def run_python(code: str) -> str:
 
 _SUBPROCESS_PRELUDE = """
     import asyncio, sys
-    from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
     class Marked:
         def __init__(self, provider):
@@ -324,7 +324,7 @@ def test_install_without_nemo_gym_never_raises() -> None:
         """
         import sys
         sys.modules["nemo_gym"] = None  # an import of it now raises ImportError
-        from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+        from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
         hook.install(lambda provider: provider)
         hook.uninstall()
         print("ok")

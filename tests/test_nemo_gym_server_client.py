@@ -29,7 +29,9 @@ from conftest import connect_counts
 from conftest import queued as waiting_for_a_slot
 from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import (
+    _server_client as _nemo_gym_server,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
     ATTR_QUEUE_OUTCOME,

@@ -14,9 +14,8 @@ from opentelemetry.test.globals_test import reset_metrics_globals
 from opentelemetry.instrumentation.nemo_gym import (
     _PLAIN_CONNECTOR_NOTICE,
     NemoGymInstrumentor,
-    _settings,
-    _status,
 )
+from opentelemetry.instrumentation.nemo_gym._shared import _settings, _status
 
 STATUS_LOGGER = "opentelemetry.instrumentation.nemo_gym"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import wrapt
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["MethodPatch"]
 

@@ -11,7 +11,7 @@ import logging
 import os
 
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
     DEFAULT_INTERVAL_S,
     MIN_INTERVAL_S,

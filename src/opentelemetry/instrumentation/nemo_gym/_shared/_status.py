@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
-from opentelemetry.instrumentation.nemo_gym._once import shown_value
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._shared._once import shown_value
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     timed_connector_mismatch,

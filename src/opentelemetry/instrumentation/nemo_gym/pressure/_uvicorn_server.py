@@ -20,9 +20,9 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym.telemetry import _pressure
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._patching import MethodPatch
+from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 
 __all__ = ["MODULE", "install", "uninstall"]
 

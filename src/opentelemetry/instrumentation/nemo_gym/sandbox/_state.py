@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 
-from opentelemetry.instrumentation.nemo_gym import _exporting
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
 )

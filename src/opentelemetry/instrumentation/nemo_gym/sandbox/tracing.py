@@ -40,7 +40,7 @@ from typing import Any
 import wrapt
 from opentelemetry import metrics, trace
 
-from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
     FINAL_SAMPLE_GRACE_S,
     HANDLE_SPANS,

@@ -33,7 +33,7 @@ import aiohttp
 import wrapt
 from opentelemetry.context import get_current
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import _PoolConfig
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
     PoolTelemetry,

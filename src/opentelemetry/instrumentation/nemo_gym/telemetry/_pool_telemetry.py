@@ -40,16 +40,16 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._otel_private import private_name
+from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     Destination,
     PoolState,
     destination,
     pool_state,
 )
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._otel_private import private_name
-from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
-from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
     DEFAULT_MAX_DESTINATIONS,
     OVERFLOW_ATTRIBUTE,

@@ -33,7 +33,7 @@ from typing import Any
 
 import wrapt
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["DEFINING_MODULE", "FUNCTION", "PATCHED_MODULES", "install", "installed", "uninstall"]
 

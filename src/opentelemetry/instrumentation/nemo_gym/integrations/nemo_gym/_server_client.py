@@ -25,9 +25,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from opentelemetry.instrumentation.nemo_gym import _settings
-from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._patching import MethodPatch
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_WORKERS,
 )
