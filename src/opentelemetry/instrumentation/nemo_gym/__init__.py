@@ -133,6 +133,7 @@ from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     uninstall as _uninstall_uvicorn_pressure,
 )
 from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     disable as _disable_sandbox_tracing,
 )
@@ -149,6 +150,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._connector_patch import (
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     _bind_instrumented_telemetry,
+    timed_connector_mismatch,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
@@ -310,7 +312,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
         try:
-            _log_status(kwargs)  # one INFO line: which capabilities are on, and why not
+            # One INFO line: which capabilities are on, and why not.
+            _log_status(
+                kwargs,
+                pool_unfit=timed_connector_mismatch,
+                own_span_processors=(SandboxSpanProcessor,),
+            )
         except Exception:
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 

@@ -43,6 +43,7 @@ from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._otel_private import private_name
 from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym._shared._settings import DEFAULT_MAX_DESTINATIONS
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
 from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     Destination,
@@ -51,7 +52,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     pool_state,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
-    DEFAULT_MAX_DESTINATIONS,
     OVERFLOW_ATTRIBUTE,
     DestinationBudget,
     StickyBudget,
