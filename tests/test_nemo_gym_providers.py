@@ -318,6 +318,31 @@ def test_install_after_uninstall_before_import_one_hook(nemo_gym: ModuleType) ->
     assert output == "Marked Provider"
 
 
+def test_uninstall_after_import_restores_bindings_and_install_again_wraps(
+    nemo_gym: ModuleType,
+) -> None:
+    """Installed before the import, every module that bound the wrapper gets NeMo Gym's function
+    back at uninstall, and a second install wraps AsyncSandbox's providers again."""
+    output = run_python(
+        _SUBPROCESS_PRELUDE
+        + """
+    hook.install(Marked)
+    import nemo_gym.sandbox as sandbox
+    from nemo_gym.sandbox.providers import registry
+    sandbox.register_provider("fresh", Provider)
+    hook.uninstall()
+    restored = [
+        name for name in hook.PATCHED_MODULES
+        if sys.modules[name].create_provider is registry.create_provider
+    ]
+    hook.install(Marked)
+    box = sandbox.AsyncSandbox({"fresh": {}})
+    print(len(restored), type(box._provider).__name__, type(box._provider.wrapped).__name__)
+    """
+    )
+    assert output == "4 Marked Provider"
+
+
 def test_install_without_nemo_gym_never_raises() -> None:
     """Where nemo_gym is not importable, install and uninstall still succeed."""
     output = run_python(
