@@ -34,8 +34,8 @@ from _common import machine as machine_facts
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry.instrumentation.nemo_gym.telemetry._loop_lag import LoopLagProbe
-from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
+from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
+from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
     LOOP_LAG,
     LOOP_LAG_BUCKETS_MS,
     InFlightApp,

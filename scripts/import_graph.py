@@ -1,8 +1,20 @@
-"""Print the package's internal import graph and any import cycles in it.
+"""Print the package's internal import graph, its import cycles and its layering breaches.
 
 Reads every module under src/opentelemetry/instrumentation/nemo_gym with ``ast`` (nothing is
 imported or run), including imports made inside functions, which is where cycles used to
-hide. Exits 1 when a cycle exists, so CI can keep them out.
+hide. Exits 1 when a cycle exists or an import crosses the layers, so CI keeps them out.
+
+The layers, by package (CONTRIBUTING.md, "Where code goes"):
+
+* the public leaves (``environment_variables``, ``version``, ``package``) import nothing;
+* ``_shared`` (settings, once-logging, caches, SDK reads, the patch helper) imports only
+  itself and the public leaves;
+* ``telemetry`` (the aiohttp pool) and ``ray`` import only themselves and the layers above;
+* ``pressure`` may import the pool too; ``sandbox`` never imports the pool;
+* ``integrations`` may import the pool, pressure and sandbox;
+* pressure and sandbox may ask an integration module only if it is a reader: one that imports
+  nothing but ``_shared`` and the public leaves (NeMo Gym's identity, whether it records);
+* the root's modules (the instrumentor, the CLI, the detector) import anything.
 
     python scripts/import_graph.py            # the cycles, if any, and a summary
     python scripts/import_graph.py --edges    # every internal edge too
@@ -58,6 +70,58 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+PUBLIC_LEAVES = frozenset({"environment_variables", "version", "package"})
+ROOT_MODULES = frozenset({"", "cli", "resource_detector"})
+BASE = frozenset({"_shared", "leaves"})
+# Layer -> the layers its modules may import (besides their own).
+ALLOWED: dict[str, frozenset[str]] = {
+    "leaves": frozenset(),
+    "_shared": frozenset({"leaves"}),
+    "telemetry": BASE,
+    "ray": BASE,
+    "pressure": BASE | {"telemetry"},
+    "sandbox": BASE,
+    "integrations": BASE | {"telemetry", "pressure", "sandbox"},
+}
+# Layers that may import an integration module when it is a reader (see the docstring).
+READER_USERS = frozenset({"pressure", "sandbox"})
+
+
+def layer(module: str) -> str:
+    """The layer of an internal module: its first package, "leaves" or "root"."""
+    name = module[len(PACKAGE) + 1 :] if module != PACKAGE else ""
+    if name in PUBLIC_LEAVES:
+        return "leaves"
+    if name in ROOT_MODULES:
+        return "root"
+    return name.split(".")[0]
+
+
+def layering_breaches(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every (importer, imported) pair that crosses the layers."""
+    readers = {
+        module
+        for module, targets in graph.items()
+        if layer(module) == "integrations" and all(layer(t) in BASE for t in targets)
+    }
+    breaches = []
+    for source in sorted(graph):
+        source_layer = layer(source)
+        if source_layer == "root":
+            continue
+        allowed = ALLOWED.get(source_layer)
+        for target in sorted(graph[source]):
+            target_layer = layer(target)
+            if target_layer == source_layer:
+                continue
+            if allowed is not None and target_layer in allowed:
+                continue
+            if source_layer in READER_USERS and target in readers:
+                continue
+            breaches.append((source, target))
+    return breaches
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -104,11 +168,17 @@ def main() -> int:
             for target in sorted(graph[source]):
                 print(f"{source[short:] or '(package)'} -> {target[short:] or '(package)'}")
     found = cycles(graph)
+    breaches = layering_breaches(graph)
     edges = sum(len(targets) for targets in graph.values())
-    print(f"{len(graph)} modules, {edges} internal imports, {len(found)} import cycles")
+    print(
+        f"{len(graph)} modules, {edges} internal imports, {len(found)} import cycles, "
+        f"{len(breaches)} layering breaches"
+    )
     for component in found:
         print("cycle: " + " <-> ".join(member[short:] for member in component))
-    return 1 if found else 0
+    for source, target in breaches:
+        print(f"layering: {source[short:]} ({layer(source)}) -> {target[short:]} ({layer(target)})")
+    return 1 if found or breaches else 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_globals
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import ProcessSandboxProvider
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,

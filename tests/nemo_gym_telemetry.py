@@ -29,7 +29,7 @@ from opentelemetry.test.globals_test import reset_metrics_globals, reset_trace_g
 
 from nemo_gym_support import nemo_gym_sandbox
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
     ComponentAllocation,

@@ -19,15 +19,15 @@ from opentelemetry.sdk.metrics import MeterProvider
 from yarl import URL
 
 from conftest import GatedServerFactory, eventually, queued
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _aiohttp_compat
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.telemetry import _aiohttp_compat, connection_pool
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     PoolState,
     destination,
     override_mismatch,
     pool_state,
     queue_constraint,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
     build_connection_pool_connector,

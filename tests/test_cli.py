@@ -250,7 +250,9 @@ def test_opentelemetry_requirements_pins_this_environment() -> None:
     """The server venvs get this environment's OpenTelemetry packages, at its versions."""
     from importlib.metadata import version
 
-    from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+        opentelemetry_requirements,
+    )
 
     wanted = opentelemetry_requirements()
     assert f"opentelemetry-sdk=={version('opentelemetry-sdk')}" in wanted
@@ -268,7 +270,9 @@ def test_opentelemetry_requirements_checkout_path_with_a_space(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A distribution installed from a folder whose path has a space goes in by that path."""
-    from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+        opentelemetry_requirements,
+    )
 
     checkout = tmp_path / "my checkout é"
     checkout.mkdir()
@@ -305,7 +309,9 @@ def test_server_venvs_on_nemo_gym_main_where_its_setup_puts_them(
     from nemo_gym import global_config
     from nemo_gym.cli.setup_command import get_venv_path
 
-    from opentelemetry.instrumentation.nemo_gym._server_venvs import server_venvs
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+        server_venvs,
+    )
 
     server_dir = tmp_path / "resources_servers" / "echo"
     (server_dir / "configs").mkdir(parents=True)

@@ -20,8 +20,8 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
-from opentelemetry.instrumentation.nemo_gym import _exit_flush
-from opentelemetry.instrumentation.nemo_gym._exporting import metric_export_in_flight
+from opentelemetry.instrumentation.nemo_gym._shared import _exit_flush
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import metric_export_in_flight
 
 
 class HeldExporter(MetricExporter):

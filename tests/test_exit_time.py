@@ -29,7 +29,7 @@ from exit_support import (
     start_worker,
 )
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym._exit_flush import EXIT_WAIT_S
+from opentelemetry.instrumentation.nemo_gym._shared._exit_flush import EXIT_WAIT_S
 
 OTLP_TIMEOUT_S = 4.0
 # What a busy machine adds to one exit over another: under the OTLP timeout, so that one more

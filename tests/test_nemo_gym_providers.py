@@ -18,7 +18,7 @@ import pytest
 import wrapt
 
 from nemo_gym_support import nemo_gym_sandbox
-from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
@@ -252,7 +252,7 @@ def run_python(code: str) -> str:
 
 _SUBPROCESS_PRELUDE = """
     import asyncio, sys
-    from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
     class Marked:
         def __init__(self, provider):
@@ -318,13 +318,38 @@ def test_install_after_uninstall_before_import_one_hook(nemo_gym: ModuleType) ->
     assert output == "Marked Provider"
 
 
+def test_uninstall_after_import_restores_bindings_and_install_again_wraps(
+    nemo_gym: ModuleType,
+) -> None:
+    """Installed before the import, every module that bound the wrapper gets NeMo Gym's function
+    back at uninstall, and a second install wraps AsyncSandbox's providers again."""
+    output = run_python(
+        _SUBPROCESS_PRELUDE
+        + """
+    hook.install(Marked)
+    import nemo_gym.sandbox as sandbox
+    from nemo_gym.sandbox.providers import registry
+    sandbox.register_provider("fresh", Provider)
+    hook.uninstall()
+    restored = [
+        name for name in hook.PATCHED_MODULES
+        if sys.modules[name].create_provider is registry.create_provider
+    ]
+    hook.install(Marked)
+    box = sandbox.AsyncSandbox({"fresh": {}})
+    print(len(restored), type(box._provider).__name__, type(box._provider.wrapped).__name__)
+    """
+    )
+    assert output == "4 Marked Provider"
+
+
 def test_install_without_nemo_gym_never_raises() -> None:
     """Where nemo_gym is not importable, install and uninstall still succeed."""
     output = run_python(
         """
         import sys
         sys.modules["nemo_gym"] = None  # an import of it now raises ImportError
-        from opentelemetry.instrumentation.nemo_gym.sandbox import _nemo_gym_providers as hook
+        from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
         hook.install(lambda provider: provider)
         hook.uninstall()
         print("ok")

@@ -29,7 +29,9 @@ from conftest import connect_counts
 from conftest import queued as waiting_for_a_slot
 from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.telemetry import _nemo_gym_server
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import (
+    _server_client,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_QUEUE_CONSTRAINT,
     ATTR_QUEUE_OUTCOME,
@@ -248,13 +250,13 @@ def test_capacity_workers_from_nemo_gym_when_unset(monkeypatch: pytest.MonkeyPat
     """NeMo Gym's worker count is used when OTEL_PYTHON_NEMO_GYM_WORKERS is unset."""
     monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_WORKERS", raising=False)
     monkeypatch.setenv("NEMO_GYM_FASTAPI_NUM_WORKERS", "4")
-    assert _nemo_gym_server.nemo_gym_worker_count() == 4
-    assert _nemo_gym_server.capacity_workers() == 4
+    assert _server_client.nemo_gym_worker_count() == 4
+    assert _server_client.capacity_workers() == 4
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_WORKERS", "2")
-    assert _nemo_gym_server.capacity_workers() == 2
+    assert _server_client.capacity_workers() == 2
     monkeypatch.delenv("OTEL_PYTHON_NEMO_GYM_WORKERS")
     monkeypatch.setenv("NEMO_GYM_FASTAPI_NUM_WORKERS", "0")
-    assert _nemo_gym_server.capacity_workers() == 1
+    assert _server_client.capacity_workers() == 1
 
 
 @pytest.mark.nemo_gym_main

@@ -6,7 +6,11 @@ import logging
 
 import pytest
 
-from opentelemetry.instrumentation.nemo_gym._once import MAX_SHOWN_CHARS, OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._once import (
+    MAX_SHOWN_CHARS,
+    OnceLog,
+    shown_value,
+)
 
 LOGGER = logging.getLogger("nemo_gym.test_once")
 

@@ -25,9 +25,10 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 
 from conftest import GatedServer, GatedServerFactory, metric_points, serve_on_loopback
 from conftest import timed_connector as make_timed
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import Destination
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import Destination
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
     OVERFLOW_ATTRIBUTE,
     DestinationBudget,

@@ -28,14 +28,17 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from tests.conftest import eventually, metric_names, metric_points, run_under_instrument
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
-from opentelemetry.instrumentation.nemo_gym._server_venvs import opentelemetry_requirements
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS,
     OTEL_PYTHON_NEMO_GYM_PRESSURE,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry import _pressure
-from opentelemetry.instrumentation.nemo_gym.telemetry._loop_lag import LoopLagProbe
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    opentelemetry_requirements,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
+from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
 
 APPS = Path(__file__).with_name("apps")
 

@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 
 from conftest import run_under_instrument
 from opentelemetry.instrumentation.nemo_gym import resource_detector
-from opentelemetry.instrumentation.nemo_gym._ray_identity import (
+from opentelemetry.instrumentation.nemo_gym.ray._identity import (
     is_ray_system_process,
     ray_process_attributes,
 )

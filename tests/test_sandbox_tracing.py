@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import ProxyTracerProvider, StatusCode
 
 from conftest import eventually, require_service
-from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import span_processors
 from opentelemetry.instrumentation.nemo_gym.sandbox import tracing
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import default_state
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (

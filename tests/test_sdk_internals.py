@@ -19,7 +19,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from opentelemetry.instrumentation.nemo_gym import _exporting
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting
 
 RENAMED = {
     "opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY": (

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _settings
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
 
 SETTINGS_LOGGER = _settings.__name__
 

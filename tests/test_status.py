@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,11 +15,19 @@ from opentelemetry.test.globals_test import reset_metrics_globals
 from opentelemetry.instrumentation.nemo_gym import (
     _PLAIN_CONNECTOR_NOTICE,
     NemoGymInstrumentor,
-    _settings,
-    _status,
+)
+from opentelemetry.instrumentation.nemo_gym._shared import _settings, _status
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
+    timed_connector_mismatch,
 )
 
 STATUS_LOGGER = "opentelemetry.instrumentation.nemo_gym"
+# What the instrumentor passes status_line about the capabilities themselves.
+CAPABILITY_CHECKS: dict[str, Any] = {
+    "pool_unfit": timed_connector_mismatch,
+    "own_span_processors": (SandboxSpanProcessor,),
+}
 
 
 @pytest.fixture
@@ -177,7 +186,9 @@ def test_status_line_never_reached_twice(
 
 def test_status_line_is_pure_text() -> None:
     """status_line() builds the line without instrumenting anything."""
-    line = _status.status_line({"connection_pool": False, "sandbox_resources": False})
+    line = _status.status_line(
+        {"connection_pool": False, "sandbox_resources": False}, **CAPABILITY_CHECKS
+    )
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool=False was passed to "
         "instrument()); sandbox_resources=off (sandbox_resources=False was passed to "
@@ -187,7 +198,9 @@ def test_status_line_is_pure_text() -> None:
 
 def test_status_line_boolean_string_argument() -> None:
     """A boolean string argument (as instrument() accepts) is read like the variable's values."""
-    line = _status.status_line({"connection_pool": "off", "sandbox_resources": "no"})
+    line = _status.status_line(
+        {"connection_pool": "off", "sandbox_resources": "no"}, **CAPABILITY_CHECKS
+    )
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool='off' was passed to "
         "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument())"

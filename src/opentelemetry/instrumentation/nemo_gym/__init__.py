@@ -48,32 +48,92 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
-from opentelemetry.instrumentation.nemo_gym import _settings, _status
-from opentelemetry.instrumentation.nemo_gym._connector_patch import (
-    TCPConnectorPatch,
-    capacity_reporter,
-)
-from opentelemetry.instrumentation.nemo_gym._exit_flush import (
+from opentelemetry.instrumentation.nemo_gym._shared._exit_flush import (
     flush_at_exit,
     flush_at_sigterm,
     stop_flush_at_sigterm,
 )
-from opentelemetry.instrumentation.nemo_gym._exporting import (
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import (
     metrics_deliberately_off,
     metrics_export_status,
 )
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    connection_pool_enabled as _connection_pool_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    intended_concurrency as _intended_concurrency,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    intended_concurrency_per_host as _intended_concurrency_per_host,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    log_level as _log_level,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    loop_lag_interval_s as _loop_lag_interval_s,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    max_destinations as _max_destinations,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    max_server_names as _max_server_names,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    parse_bool as _parse_bool,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    pressure_enabled as _pressure_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    sandbox_resource_interval as _sandbox_resource_interval,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    sandbox_resources_enabled as _sandbox_resources_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    semconv_http_mode as _semconv_http_mode,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    validate_all as _validate_all,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as _log_status
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
-from opentelemetry.instrumentation.nemo_gym.sandbox._nemo_gym_providers import (
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     install as _install_nemo_gym_providers,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox._nemo_gym_providers import (
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     uninstall as _uninstall_nemo_gym_providers,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
+    capacity_workers as _capacity_workers,
+)
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
+    install as _install_server_labels,
+)
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
+    uninstall as _uninstall_server_labels,
+)
+from opentelemetry.instrumentation.nemo_gym.package import _instruments
+from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
+    configure as _configure_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
+    start as _start_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
+    stop as _stop_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
+    install as _install_uvicorn_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
+    uninstall as _uninstall_uvicorn_pressure,
+)
+from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
+from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     disable as _disable_sandbox_tracing,
 )
@@ -83,33 +143,14 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     wrapping_for as _sandbox_wrapping_for,
 )
-from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
-    capacity_workers as _capacity_workers,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
-    install as _install_server_labels,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._nemo_gym_server import (
-    uninstall as _uninstall_server_labels,
+from opentelemetry.instrumentation.nemo_gym.telemetry._connector_patch import (
+    TCPConnectorPatch,
+    capacity_reporter,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
-from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
-    configure as _configure_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
-    start as _start_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._pressure import (
-    stop as _stop_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._uvicorn_server import (
-    install as _install_uvicorn_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.telemetry._uvicorn_server import (
-    uninstall as _uninstall_uvicorn_pressure,
-)
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     _bind_instrumented_telemetry,
+    timed_connector_mismatch,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
@@ -133,7 +174,7 @@ def _capability_flag(
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        parsed = _settings.parse_bool(value)
+        parsed = _parse_bool(value)
         if parsed is not None:
             return parsed
     default = from_environment()
@@ -232,19 +273,17 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             logger.debug("nemo_gym: a Ray system process; nothing instrumented")
             return
         try:
-            _settings.validate_all()  # every malformed variable warns now, once
-            connection_pool = _capability_flag(
-                kwargs, "connection_pool", _settings.connection_pool_enabled
-            )
+            _validate_all()  # every malformed variable warns now, once
+            connection_pool = _capability_flag(kwargs, "connection_pool", _connection_pool_enabled)
             sandbox_resources = _capability_flag(
-                kwargs, "sandbox_resources", _settings.sandbox_resources_enabled
+                kwargs, "sandbox_resources", _sandbox_resources_enabled
             )
-            pressure = _capability_flag(kwargs, "pressure", _settings.pressure_enabled)
+            pressure = _capability_flag(kwargs, "pressure", _pressure_enabled)
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
         try:
-            _show_own_lines(_settings.log_level())
+            _show_own_lines(_log_level())
         except Exception:
             logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
         if pressure:
@@ -273,13 +312,18 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
         try:
-            _status.log_status(kwargs)  # one INFO line: which capabilities are on, and why not
+            # One INFO line: which capabilities are on, and why not.
+            _log_status(
+                kwargs,
+                pool_unfit=timed_connector_mismatch,
+                own_span_processors=(SandboxSpanProcessor,),
+            )
         except Exception:
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 
     @staticmethod
     def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> None:
-        _configure_pressure(_settings.loop_lag_interval_s(), __version__)
+        _configure_pressure(_loop_lag_interval_s(), __version__)
 
         def exporting_provider() -> metrics.MeterProvider | None:
             # Resolved when a server starts: the global provider may be set after instrument().
@@ -291,9 +335,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument_connection_pool(
         self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
     ) -> None:
-        max_server_names = _settings.max_server_names()
-        max_destinations = _settings.max_destinations()
-        semconv_mode = _settings.semconv_http_mode()
+        max_server_names = _max_server_names()
+        max_destinations = _max_destinations()
+        semconv_mode = _semconv_http_mode()
 
         def telemetry_of(provider: metrics.MeterProvider) -> PoolTelemetry:
             return PoolTelemetry.of(
@@ -350,8 +394,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             choose,
             capacity_reporter(
                 _capacity_workers,  # read at each report: NeMo Gym may not be loaded yet
-                _settings.intended_concurrency(),
-                _settings.intended_concurrency_per_host(),
+                _intended_concurrency(),
+                _intended_concurrency_per_host(),
             ),
         )
         patch.install()
@@ -368,7 +412,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         state = _enable_sandbox_tracing(
             tracer_provider,
             meter_provider=meter_provider,
-            interval_s=_settings.sandbox_resource_interval(),
+            interval_s=_sandbox_resource_interval(),
             instrumentation_version=__version__,
         )
         # Every provider NeMo Gym builds, whatever its origin, traced with this state.

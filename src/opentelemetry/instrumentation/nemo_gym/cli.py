@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from opentelemetry.instrumentation.nemo_gym import _server_venvs
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _server_venvs
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     FieldNames,

@@ -39,12 +39,12 @@ from collections.abc import Mapping, Sequence
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
-from opentelemetry.instrumentation.nemo_gym._nemo_gym_identity import (
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
     nemo_gym_cli_attributes,
     nemo_gym_server_attributes,
 )
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._ray_identity import (
+from opentelemetry.instrumentation.nemo_gym.ray._identity import (
     is_ray_system_process,
     ray_process_attributes,
 )

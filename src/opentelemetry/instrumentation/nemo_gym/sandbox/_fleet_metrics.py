@@ -36,8 +36,8 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,

@@ -56,13 +56,15 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._nemo_gym_identity import (
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
     ATTR_SERVER_NAME,
     server_name,
 )
-from opentelemetry.instrumentation.nemo_gym._nemo_gym_recording import nemo_gym_recording
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
+    nemo_gym_recording,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     ATTR_ERROR_TYPE,
     ATTR_PROVIDER,

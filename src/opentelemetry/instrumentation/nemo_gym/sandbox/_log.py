@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 # resource_telemetry's documented LOGGER: the sandbox half logs under one name.
 LOGGER = logging.getLogger("opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry")

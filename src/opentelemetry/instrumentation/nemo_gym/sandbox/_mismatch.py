@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,

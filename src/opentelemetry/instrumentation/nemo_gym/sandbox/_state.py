@@ -28,8 +28,12 @@ from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 
-from opentelemetry.instrumentation.nemo_gym import _exporting
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    DEFAULT_INTERVAL_S,
+    MIN_INTERVAL_S,
+)
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
 )
@@ -44,12 +48,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanPro
 LOGGER = logging.getLogger(__name__)
 
 SCOPE_NAME = "opentelemetry.instrumentation.nemo_gym"
-DEFAULT_INTERVAL_S = 10.0
-# The shortest interval the environment can ask for. Each sample is a provider call (a cgroup
-# read, a Docker API request) and a span, per sandbox: at 1e-9 one idle sandbox took 4,428
-# samples and 1.99 s of CPU in 2 s. At 0.1 s that is 10 spans a second per sandbox, still fine
-# enough to see a short code-execution sandbox's peak.
-MIN_INTERVAL_S = 0.1
 
 SandboxKey = tuple[str, str]
 

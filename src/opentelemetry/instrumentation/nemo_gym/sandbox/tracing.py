@@ -20,10 +20,12 @@ never its message (which may hold commands, environments or options).
 Every call belongs to a ``SandboxState`` (``_state``): the one given to ``traced_provider``,
 else the instrumentor's, else the default over the global tracer provider. ``enable()`` makes
 the instrumentor's state: the stamping span processor on its tracer provider and the bundled
-provider classes traced (``set_auto_trace``); ``disable()`` undoes both and turns the state
-off. ``wrapping_for(state)`` is what the instrumentor passes to the NeMo Gym hook
-(``_nemo_gym_providers.install``) so every provider NeMo Gym builds is traced with that state.
-The traced calls themselves, shared by wrappers and auto-traced classes, live in ``_calls``.
+provider classes (this package's entry points in NeMo Gym's provider group) traced
+(``set_auto_trace``); ``disable()`` undoes both and turns the state off.
+``wrapping_for(state)`` is what the instrumentor passes to the NeMo Gym hook
+(``integrations.nemo_gym._providers.install``) so every provider NeMo Gym builds is traced
+with that state. The traced calls themselves, shared by wrappers and auto-traced classes, live
+in ``_calls``.
 
 Telemetry never changes a provider's behaviour: its results and exceptions pass through
 unchanged, failures of ours are logged once and swallowed, cancellation propagates. Inside
@@ -32,15 +34,15 @@ OpenTelemetry's ``suppress_instrumentation`` calls pass straight through.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 from typing import Any
 
-import wrapt
 from opentelemetry import metrics, trace
 
-from opentelemetry.instrumentation.nemo_gym._exporting import span_processors
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import span_processors
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Wrapped, unwrap, wrap
 from opentelemetry.instrumentation.nemo_gym.sandbox._calls import (
     FINAL_SAMPLE_GRACE_S,
     HANDLE_SPANS,
@@ -152,40 +154,34 @@ def _class_wrapper(state: SandboxState, method: str) -> Callable[..., Awaitable[
 # The methods traced where the class has them: those the wrapper traces too.
 _TRACED_METHODS = ("create", "close", "aclose", "connect", *HANDLE_SPANS)
 
-# The bundled providers, by import path: a module that is missing or fails to import (the
-# Docker provider's optional pieces, say) is skipped rather than breaking the instrumentor.
-_BUNDLED = (
-    ("opentelemetry.instrumentation.nemo_gym.sandbox.providers.process", "ProcessSandboxProvider"),
-    ("opentelemetry.instrumentation.nemo_gym.sandbox.providers.docker", "DockerSandboxProvider"),
-)
+# The bundled providers are this distribution's entry points in NeMo Gym's provider group
+# (pyproject.toml): adding a provider is its module and its entry point, nothing else.
+PROVIDER_GROUP = "nemo_gym.sandbox_providers"
+_OWN_PROVIDERS = "opentelemetry.instrumentation.nemo_gym.sandbox.providers."
+
+
+def bundled_provider_entry_points() -> list[metadata.EntryPoint]:
+    """This package's entry points in NeMo Gym's provider group, the bundled providers."""
+    return [
+        entry_point
+        for entry_point in metadata.entry_points(group=PROVIDER_GROUP)
+        if entry_point.value.startswith(_OWN_PROVIDERS)
+    ]
 
 
 def _bundled_classes() -> list[type]:
+    # A module that is missing or fails to import (the Docker provider's optional pieces, say)
+    # is skipped rather than breaking the instrumentor.
     classes = []
-    for module_name, class_name in _BUNDLED:
+    for entry_point in bundled_provider_entry_points():
         try:
-            module = importlib.import_module(module_name)
-            classes.append(getattr(module, class_name))
+            provider_class = entry_point.load()
         except (ImportError, AttributeError) as exc:
-            LOGGER.debug("not auto-tracing %s.%s: %r", module_name, class_name, exc)
+            LOGGER.debug("not auto-tracing %s: %r", entry_point.value, exc)
+            continue
+        if isinstance(provider_class, type) and provider_class not in classes:
+            classes.append(provider_class)
     return classes
-
-
-def _unwrap_exactly(cls: type, method: str, ours: Any) -> None:
-    """Remove our wrapper ``ours`` from ``cls.method``, keeping any wrapper another library
-    put around it later (its ``__wrapped__`` is pointed past ours)."""
-    current: Any = cls.__dict__.get(method)
-    if current is ours:
-        setattr(cls, method, ours.__wrapped__)
-        return
-    node = current
-    while isinstance(node, wrapt.ObjectProxy):
-        inner = node.__wrapped__
-        if inner is ours:
-            node.__wrapped__ = ours.__wrapped__
-            return
-        node = inner
-    LOGGER.debug("%s.%s no longer holds our wrapper; left as is", cls.__name__, method)
 
 
 def set_auto_trace(enabled: bool, state: SandboxState | None = None) -> None:
@@ -201,16 +197,15 @@ def set_auto_trace(enabled: bool, state: SandboxState | None = None) -> None:
         for cls in _bundled_classes():
             if cls in state.patched:
                 continue
-            installed: dict[str, Any] = {}
+            installed: dict[str, Wrapped] = {}
             for method in _TRACED_METHODS:
                 if callable(getattr(cls, method, None)):
-                    wrapt.wrap_function_wrapper(cls, method, _class_wrapper(state, method))
-                    installed[method] = cls.__dict__[method]
+                    installed[method] = wrap(cls, method, _class_wrapper(state, method))
             state.patched[cls] = installed
         return
     for cls, installed in list(state.patched.items()):
-        for method, ours in installed.items():
-            _unwrap_exactly(cls, method, ours)
+        for record in installed.values():
+            unwrap(record)
         del state.patched[cls]
 
 

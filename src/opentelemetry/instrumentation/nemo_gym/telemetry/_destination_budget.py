@@ -32,10 +32,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import Destination
+from opentelemetry.instrumentation.nemo_gym._shared._settings import DEFAULT_MAX_DESTINATIONS
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import Destination
 
 OVERFLOW_ATTRIBUTE: Final = "otel.metric.overflow"
-DEFAULT_MAX_DESTINATIONS: Final = 100
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import Destination, PoolState
 from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import Destination, PoolState
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
     OVERFLOW_ATTRIBUTE,
     DestinationBudget,

@@ -6,7 +6,7 @@ queue-wait samples. There is exactly one per meter provider (``PoolTelemetry.of`
 SDK de-duplicates instruments by name per meter: a second set of observable instruments on the
 same provider would silently lose its callbacks.
 
-What a request pays is kept to the minimum (``benchmarks/instruction_counts.py`` measures it):
+What a request pays is kept to the minimum (``benchmarks/instruction_count.py`` measures it):
 
 * a connect adds one to a plain dictionary on its own connector (no lock, no OpenTelemetry
   call); the observable counter sums the live connectors' dictionaries at collection time, and
@@ -40,18 +40,18 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import (
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._otel_private import private_name
+from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym._shared._settings import DEFAULT_MAX_DESTINATIONS
+from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     Destination,
     PoolState,
     destination,
     pool_state,
 )
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._otel_private import private_name
-from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
-from opentelemetry.instrumentation.nemo_gym.telemetry import _instruments as names
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
-    DEFAULT_MAX_DESTINATIONS,
     OVERFLOW_ATTRIBUTE,
     DestinationBudget,
     StickyBudget,
@@ -156,8 +156,9 @@ class ConnectorCounts:
 class PoolTelemetry:
     """Instruments, connect counts, label cap and sample buffer of one meter provider.
 
-    Build it with ``PoolTelemetry.of(meter_provider, ...)``. ``record_wait`` is the only method
-    on a request's path; the rest run at connector construction or at collection.
+    Build it with ``PoolTelemetry.of(meter_provider, ...)``. ``admit`` (each connect's
+    destination label) and ``flush`` (once a connector's batch of waits is full) are the only
+    methods on a request's path; the rest run at connector construction or at collection.
     """
 
     def __init__(

@@ -32,9 +32,10 @@ from aiohttp.tracing import Trace
 from opentelemetry import metrics
 from opentelemetry.context import get_current
 
-from opentelemetry.instrumentation.nemo_gym import _aiohttp_compat, _exporting, _settings
-from opentelemetry.instrumentation.nemo_gym._aiohttp_compat import destination
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.telemetry import _aiohttp_compat
+from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import destination
 
 # The documented names live in the pure-arithmetic module; they are re-exported here, where
 # page 004 documents them (the redundant aliases mark the private ones as re-exports).

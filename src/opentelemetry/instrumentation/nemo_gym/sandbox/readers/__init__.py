@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.instrumentation.nemo_gym._per_provider import PerProvider
+from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import ResourceProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import DockerCliReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import (

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["LoopLagProbe"]
 

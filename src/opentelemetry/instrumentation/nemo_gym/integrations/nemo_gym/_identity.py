@@ -33,7 +33,7 @@ from typing import Final
 
 from opentelemetry.util.types import AttributeValue
 
-from opentelemetry.instrumentation.nemo_gym._once import shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._once import shown_value
 
 CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"

@@ -3,25 +3,22 @@
 Installed, instrumented, and nothing happens is the worst first five minutes: with no SDK
 provider, no metric reader or an exporter set to ``none``, connectors stay plain by design.
 This line says so, once per ``instrument()``, at INFO level. The decisions themselves live in
-``_exporting`` and ``_settings``; this module only words them.
+``_exporting`` and ``_settings``, and in the capabilities themselves, which the instrumentor
+passes in (``pool_unfit``, ``own_span_processors``); this module only words them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
-from opentelemetry.instrumentation.nemo_gym import _exporting, _settings
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
-from opentelemetry.instrumentation.nemo_gym._once import shown_value
-from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
-from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
-    timed_connector_mismatch,
-)
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting, _settings
+from opentelemetry.instrumentation.nemo_gym._shared._once import shown_value
 
 logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym")
 
@@ -44,11 +41,11 @@ def _switched_off(kwargs: Mapping[str, Any], argument: str, variable: str) -> st
     return None if enabled else f"{variable}={shown_value(os.environ.get(variable, ''))}"
 
 
-def _connection_pool_status(kwargs: Mapping[str, Any]) -> str:
+def _connection_pool_status(kwargs: Mapping[str, Any], pool_unfit: Callable[[], object]) -> str:
     off = _switched_off(kwargs, "connection_pool", env.OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL)
     if off is not None:
         return f"connection_pool=off ({off})"
-    if timed_connector_mismatch() is not None:
+    if pool_unfit() is not None:
         # The warning logged with it names the method and both signatures.
         return (
             f"connection_pool=off (aiohttp {aiohttp.__version__} does not fit the timed "
@@ -64,12 +61,12 @@ def _connection_pool_status(kwargs: Mapping[str, Any]) -> str:
     )
 
 
-def _sandbox_status(kwargs: Mapping[str, Any]) -> str:
+def _sandbox_status(kwargs: Mapping[str, Any], own_span_processors: tuple[type, ...]) -> str:
     off = _switched_off(kwargs, "sandbox_resources", env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES)
     if off is not None:
         return f"sandbox_resources=off ({off})"
     exporting, reason = _exporting.traces_export_status(
-        kwargs.get("tracer_provider"), ignore=(SandboxSpanProcessor,)
+        kwargs.get("tracer_provider"), ignore=own_span_processors
     )
     if not exporting:
         return f"sandbox_resources=off ({reason}; sandbox records are not exported)"
@@ -82,14 +79,32 @@ def _sandbox_status(kwargs: Mapping[str, Any]) -> str:
     return f"sandbox_resources=on ({reason}; {sampling})"
 
 
-def status_line(kwargs: Mapping[str, Any]) -> str:
-    """The summary for ``instrument(**kwargs)``: each capability, on or off and why."""
-    return f"nemo_gym instrumentation: {_connection_pool_status(kwargs)}; {_sandbox_status(kwargs)}"
+def status_line(
+    kwargs: Mapping[str, Any],
+    *,
+    pool_unfit: Callable[[], object],
+    own_span_processors: tuple[type, ...],
+) -> str:
+    """The summary for ``instrument(**kwargs)``: each capability, on or off and why.
+
+    ``pool_unfit()`` says why the timed connector does not fit the installed aiohttp (``None``
+    when it fits), asked only while the pool capability is on; ``own_span_processors`` are the
+    span processors of ours that export nothing themselves.
+    """
+    pool = _connection_pool_status(kwargs, pool_unfit)
+    sandbox = _sandbox_status(kwargs, own_span_processors)
+    return f"nemo_gym instrumentation: {pool}; {sandbox}"
 
 
-def log_status(kwargs: Mapping[str, Any]) -> None:
-    """Log ``status_line(kwargs)`` at INFO. Called at the end of ``_instrument``; never raises."""
+def log_status(
+    kwargs: Mapping[str, Any],
+    *,
+    pool_unfit: Callable[[], object],
+    own_span_processors: tuple[type, ...],
+) -> None:
+    """Log ``status_line(...)`` at INFO. Called at the end of ``_instrument``; never raises."""
     try:
-        logger.info("%s", status_line(kwargs))
+        line = status_line(kwargs, pool_unfit=pool_unfit, own_span_processors=own_span_processors)
+        logger.info("%s", line)
     except Exception:
         logger.debug("nemo_gym could not summarise its instrumentation", exc_info=True)

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Final
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["nemo_gym_recording"]
 

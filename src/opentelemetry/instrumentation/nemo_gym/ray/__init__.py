@@ -38,7 +38,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
 
 __all__ = ["SETUP_HOOK", "flush", "runtime_env", "setup_worker"]
 
@@ -234,7 +234,7 @@ def _flush_providers(timeout_millis: float) -> bool:
     """
     from opentelemetry import metrics, trace  # imported only where a flush is asked for
 
-    from opentelemetry.instrumentation.nemo_gym._exporting import export_metrics_now
+    from opentelemetry.instrumentation.nemo_gym._shared._exporting import export_metrics_now
 
     succeeded = True
     try:

@@ -39,7 +39,7 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._exporting import start_last_exports
+from opentelemetry.instrumentation.nemo_gym._shared._exporting import start_last_exports
 
 logger = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from opentelemetry.instrumentation.nemo_gym import _settings
-from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_WORKERS,
 )
@@ -85,12 +85,12 @@ def _wrapper(
 ) -> Awaitable[Any]:
     """Run a ``ServerClient`` method with its target server's name as the destination label."""
     server_name = _server_name(args, kwargs)
-    if server_name is None or not _PATCH.active:
+    if server_name is None:
         return wrapped(*args, **kwargs)
     return _labelled(lambda: wrapped(*args, **kwargs), server_name)
 
 
-_PATCH = MethodPatch(MODULE, _CLASS, _METHODS, _wrapper, _ONCE)
+_PATCH = Patch((MODULE,), methods_of(_CLASS, _METHODS, _wrapper, _ONCE), _ONCE)
 
 
 def install() -> None:

@@ -1,8 +1,8 @@
 """Turn ``aiohttp.TCPConnector(...)`` into the queue-timed connector as it is constructed.
 
-The patch wraps ``TCPConnector.__init__`` with wrapt, as contrib instrumentations patch the
-libraries they instrument. After aiohttp's own ``__init__`` has run with the caller's
-arguments, a connector whose class is exactly ``TCPConnector`` is switched to
+The patch wraps ``TCPConnector.__init__`` with wrapt (``_patching.Patch``), as contrib
+instrumentations patch the libraries they instrument. After aiohttp's own ``__init__`` has run
+with the caller's arguments, a connector whose class is exactly ``TCPConnector`` is switched to
 ``QueueTimedTCPConnector`` (a subclass that adds no slots, so ``__class__`` assignment is
 allowed) and bound to the instrumentation's telemetry. Everything that constructs a
 ``TCPConnector`` goes through the class, so code that imported it before ``instrument()`` and
@@ -19,7 +19,7 @@ Only ``TCPConnector(...)`` itself is switched: subclasses are somebody's deliber
 and NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``) times its pools with a
 ``QueueTimedTCPConnector`` subclass of its own, which must never be timed twice.
 ``uninstall()`` puts aiohttp's ``__init__`` back exactly; if another library wrapped it after
-us, its wrapper stays, and ours, underneath, turns into a pass-through instead.
+us, its wrapper stays, pointed past ours.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import aiohttp
-import wrapt
 from opentelemetry.context import get_current
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import _PoolConfig
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import (
     PoolTelemetry,
@@ -47,8 +48,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 )
 
 logger = logging.getLogger(__name__)
-
-_MISSING = object()
 
 
 class TCPConnectorPatch:
@@ -67,14 +66,12 @@ class TCPConnectorPatch:
     ) -> None:
         self._choose = choose
         self._report = report
-        self._enabled = False
-        self._wrapper: object | None = None
-        self._original: object = _MISSING
         self._failures = OnceLog(logger)
+        self._patch = Patch(("aiohttp",), self._wrap_init, self._failures)
 
     @property
     def installed(self) -> bool:
-        return self._enabled
+        return self._patch.active
 
     def install(self) -> None:
         """Wrap ``TCPConnector.__init__``; re-enable our wrapper if it is still in place.
@@ -82,30 +79,17 @@ class TCPConnectorPatch:
         Checks once, now, that the timed connector fits the installed aiohttp (a warning says
         why not); where it does not, every connector stays plain and is still reported.
         """
-        if self._enabled:
+        if self._patch.active:
             return
         timed_connector_mismatch()
-        self._enabled = True
-        if self._wrapper is not None:
-            return  # left under another library's wrapper by uninstall(): active again
-        self._original = aiohttp.TCPConnector.__dict__.get("__init__", _MISSING)
-        wrapt.wrap_function_wrapper(aiohttp.TCPConnector, "__init__", self._construct)
-        self._wrapper = aiohttp.TCPConnector.__dict__["__init__"]
+        self._patch.install()
 
     def uninstall(self) -> None:
-        """Restore ``TCPConnector.__init__`` exactly, or go inert under a later wrapper."""
-        if not self._enabled:
-            return
-        self._enabled = False
-        if aiohttp.TCPConnector.__dict__.get("__init__") is not self._wrapper:
-            # Somebody wrapped __init__ after us; removing ours would remove theirs too.
-            return
-        if self._original is _MISSING:
-            delattr(aiohttp.TCPConnector, "__init__")
-        else:
-            setattr(aiohttp.TCPConnector, "__init__", self._original)  # noqa: B010
-        self._wrapper = None
-        self._original = _MISSING
+        """Restore ``TCPConnector.__init__`` exactly; a later wrapper stays, past ours."""
+        self._patch.uninstall()
+
+    def _wrap_init(self, patch: Patch, module: ModuleType) -> None:
+        patch.wrap(module.TCPConnector, "__init__", self._construct)
 
     def _construct(
         self,
@@ -115,7 +99,7 @@ class TCPConnectorPatch:
         kwargs: dict[str, Any],
     ) -> None:
         wrapped(*args, **kwargs)  # aiohttp's own __init__: its exceptions are the caller's
-        if self._enabled and type(instance) is aiohttp.TCPConnector:
+        if type(instance) is aiohttp.TCPConnector:
             self._upgrade(instance)
 
     def _upgrade(self, connector: aiohttp.TCPConnector) -> None:

@@ -52,10 +52,12 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._nemo_gym_recording import nemo_gym_recording
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
+    nemo_gym_recording,
+)
+from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import METER_NAME
-from opentelemetry.instrumentation.nemo_gym.telemetry._loop_lag import LoopLagProbe
 
 __all__ = [
     "ATTR_GC_GENERATION",

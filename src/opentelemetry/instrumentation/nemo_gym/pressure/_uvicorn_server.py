@@ -20,9 +20,9 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from opentelemetry.instrumentation.nemo_gym._method_patch import MethodPatch
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym.telemetry import _pressure
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
+from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 
 __all__ = ["MODULE", "install", "uninstall"]
 
@@ -52,15 +52,14 @@ def _starting(server: object) -> None:
 def _startup(
     wrapped: Callable[..., Any], instance: object, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    if _PATCH.active:
-        try:
-            _starting(instance)
-        except Exception as exc:  # noqa: BLE001 - a server starts whatever happens here
-            _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: uvicorn: %r", exc)
+    try:
+        _starting(instance)
+    except Exception as exc:  # noqa: BLE001 - a server starts whatever happens here
+        _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: uvicorn: %r", exc)
     return wrapped(*args, **kwargs)
 
 
-_PATCH = MethodPatch(MODULE, _CLASS, (_METHOD,), _startup, _ONCE)
+_PATCH = Patch((MODULE,), methods_of(_CLASS, (_METHOD,), _startup, _ONCE), _ONCE)
 
 
 def install(provider: Callable[[], metrics.MeterProvider | None]) -> None:

@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-from opentelemetry.instrumentation.nemo_gym._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 logger = logging.getLogger(__name__)
 _UNREADABLE = OnceLog(logger)
