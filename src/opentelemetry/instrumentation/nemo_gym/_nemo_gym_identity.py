@@ -1,7 +1,8 @@
 """Which NeMo Gym server a process is, from what ``gym env start`` hands it, in NeMo Gym's
 own names.
 
-Pure functions over an environment mapping and ``argv``: no I/O, no OpenTelemetry.
+Functions over an environment mapping and ``argv``: no I/O, no OpenTelemetry (``new_run_id``
+draws a random id; setting it in the environment is the resource detector's).
 
 The names are the ones NeMo Gym's in-app telemetry (``nemo_gym.telemetry.setup``, 0.6+, built
 on nemo-lens) puts on its resource, so a server reads the same whichever of the two reports
@@ -9,14 +10,14 @@ it (``docs/names.md`` has the table):
 
 * ``service.name`` ``<group>/<server>`` (``nemo-gym/policy_model``), and the group alone as
   ``nemo.gym.service_group``. The group is NeMo Gym's ``telemetry.service_name``: ``nemo-gym``,
-  or ``OTEL_SERVICE_NAME`` where NeMo Gym's telemetry exported it. Its
+  or ``OTEL_SERVICE_NAME`` where set (NeMo Gym's orchestrator exports it there). Its
   ``NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER=0`` leaves the server name off.
 * NeMo Gym's command line is its ``orchestrator``: ``nemo-gym/orchestrator``, with
   ``nemo.gym.server.name`` and ``nemo.gym.server.type`` both ``orchestrator``.
 * ``nemo.run.id``: one id for every process of a run. NeMo Gym's orchestrator takes
   ``NEMO_GYM_OTEL_RUN_ID``, else ``SLURM_JOB_ID``, else 12 random hex digits, and writes it
   into ``NEMO_GYM_OTEL_RUN_ID`` before it spawns a server, so every server inherits it; the
-  resource detector does the same in the command line (``export_run_id``).
+  resource detector does the same in the command line.
 
 ``gym env start`` (nemo-gym 0.4.0, ``nemo_gym/cli/env.py``) runs each server as
 ``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python app.py`` in the server's
