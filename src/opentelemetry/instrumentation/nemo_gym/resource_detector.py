@@ -27,7 +27,7 @@ every detector outside the SDK's defaults it runs only when named::
 The command line is where a run begins: where ``NEMO_GYM_OTEL_RUN_ID`` is unset, ``detect()``
 mints a run id there as NeMo Gym's orchestrator does and sets the variable in this process's
 environment, so every server it spawns (and NeMo Gym's own telemetry, where it is on) reports
-the same run. It is the only variable this package ever sets.
+the same run. NeMo Gym reads the variable for its own telemetry only.
 
 ``OTEL_SERVICE_NAME`` and a ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` still win: where
 either is set, the detector names no service (whatever order an SDK runs detectors in). The
