@@ -12,8 +12,9 @@ The layers, by package (CONTRIBUTING.md, "Where code goes"):
 * ``telemetry`` (the aiohttp pool) and ``ray`` import only themselves and the layers above;
 * ``pressure`` may import the pool too; ``sandbox`` never imports the pool;
 * ``integrations`` may import the pool, pressure and sandbox;
-* pressure and sandbox may ask an integration module only if it is a reader: one that imports
-  nothing but ``_shared`` and the public leaves (NeMo Gym's identity, whether it records);
+* pressure, sandbox and ray may ask an integration module only if it is a reader: one that
+  imports nothing but ``_shared`` and the public leaves (NeMo Gym's identity, whether it
+  records; Ray carries the run's identity variable to its workers);
 * the root's modules (the instrumentor, the CLI, the detector) import anything.
 
     python scripts/import_graph.py            # the cycles, if any, and a summary
@@ -84,7 +85,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "integrations": BASE | {"telemetry", "pressure", "sandbox"},
 }
 # Layers that may import an integration module when it is a reader (see the docstring).
-READER_USERS = frozenset({"pressure", "sandbox"})
+READER_USERS = frozenset({"pressure", "ray", "sandbox"})
 
 
 def layer(module: str) -> str:

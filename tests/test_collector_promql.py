@@ -65,7 +65,7 @@ def test_collector_series_carry_service_identity(run: Run) -> None:
     """The collector's series name the process: ``job`` is service.name, ``instance`` its id."""
     found = run.values("gym_http_connection_pool_connect_total", "job", "instance")
     assert found
-    assert {job for job, _ in found} == {"nemo-gym-prometheus-example"}
+    assert {job for job, _ in found} == {"nemo-gym/sandbox_example"}
     assert all(instance.count("-") >= 1 for _, instance in found)
 
 

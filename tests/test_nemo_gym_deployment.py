@@ -65,19 +65,29 @@ def test_deployment_every_server_instrumented(deployment: Deployment) -> None:
         assert "connection_pool=on" in log, (server, log[-2000:])
 
 
+def service(server: str) -> str:
+    """The ``service.name`` (Prometheus ``job``) NeMo Gym's telemetry and ours give a server."""
+    return f"nemo-gym/{server}"
+
+
 def test_deployment_resource_names_each_server(deployment: Deployment) -> None:
-    """Each server's processes export as that server: service.name and nemo.gym.server.name."""
+    """Each server's processes export as that server (service.name, nemo.gym.server.name), all
+    in the run gym env start began (nemo.run.id)."""
     services = by_service(deployment)
+    runs: set[str | None] = set()
     # Killed 1 s after SIGINT, a server that never built a timed connector (the resources
     # server makes no requests) has no pool data to flush early, and its resource is lost
     # with its SDK's own final export; the servers with pool data must still arrive.
     for server in SERVERS if KILL_AFTER_S is None else (AGENT, MODEL):
-        processes = services.get(server, [])
+        processes = services.get(service(server), [])
         assert processes, (server, table(deployment))
         for process in processes:
             assert process.resource.get("nemo_gym_server_name") == server
+            runs.add(process.resource.get("nemo_run_id"))
+    (run,) = runs
+    assert run, table(deployment)
     # One process each (uvicorn runs the app in the server process), each its own instance.
-    instances = [p.instance for server in SERVERS for p in services.get(server, [])]
+    instances = [p.instance for server in SERVERS for p in services.get(service(server), [])]
     assert len(set(instances)) == len(instances), table(deployment)
 
 
@@ -85,7 +95,7 @@ def test_deployment_pool_metrics_present_per_server(deployment: Deployment) -> N
     """Every server that made requests exported its pool's connects and created connections."""
     services = by_service(deployment)
     for server in (AGENT, MODEL):
-        series = set().union(*(p.pool_series for p in services[server]))
+        series = set().union(*(p.pool_series for p in services[service(server)]))
         assert "gym_http_connection_pool_connect_total" in series, (server, series)
         assert "gym_http_connection_pool_connections_created_total" in series, (server, series)
 
@@ -93,9 +103,9 @@ def test_deployment_pool_metrics_present_per_server(deployment: Deployment) -> N
 def test_deployment_connects_equal_requests_served(deployment: Deployment) -> None:
     """Nothing lost at shutdown: the final exports count exactly what the stub served."""
     services = by_service(deployment)
-    model = services[MODEL]
+    model = services[service(MODEL)]
     assert connects_to(model, "external") == deployment.served, table(deployment)
-    agent = services[AGENT]
+    agent = services[service(AGENT)]
     assert connects_to(agent, MODEL) == deployment.served, table(deployment)
     # Per rollout the agent calls the resources server three times (seed_session, the
     # get_weather tool, verify), and once at the end it forwards the CLI's one
@@ -103,7 +113,7 @@ def test_deployment_connects_equal_requests_served(deployment: Deployment) -> No
     assert connects_to(agent, RESOURCES) == 3 * ROLLOUTS + 1, table(deployment)
     # Its /run posts to its own /v1/responses once per rollout.
     assert connects_to(agent, AGENT) == ROLLOUTS, table(deployment)
-    cli = [p for p in services["gym"] if p.connects]
+    cli = [p for p in services["nemo-gym/orchestrator"] if p.connects]
     assert connects_to(cli, AGENT) == ROLLOUTS + 1, table(deployment)
 
 

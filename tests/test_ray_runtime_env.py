@@ -57,6 +57,7 @@ def otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "driver")
     monkeypatch.setenv("UNRELATED", "not copied")
+    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID", raising=False)
 
 
 @pytest.mark.usefixtures("otel_environment")
@@ -83,6 +84,13 @@ def test_runtime_env_driver_identity_not_inherited(monkeypatch: pytest.MonkeyPat
     assert variables["OTEL_RESOURCE_ATTRIBUTES"] == " deployment.environment=ci"
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=driver-1")
     assert "OTEL_RESOURCE_ATTRIBUTES" not in runtime_env()["env_vars"]
+
+
+@pytest.mark.usefixtures("otel_environment")
+def test_runtime_env_run_id_travels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's run (``NEMO_GYM_OTEL_RUN_ID``) is its workers' run too."""
+    monkeypatch.setenv("NEMO_GYM_OTEL_RUN_ID", "3f2a9c1d0b7e")
+    assert runtime_env()["env_vars"]["NEMO_GYM_OTEL_RUN_ID"] == "3f2a9c1d0b7e"
 
 
 @pytest.mark.usefixtures("otel_environment")

@@ -133,7 +133,7 @@ def test_resource_create_runs_detector_only_when_listed(monkeypatch: pytest.Monk
     assert "nemo.gym.server.name" not in Resource.create().attributes
     monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "nemo_gym")
     attributes = Resource.create().attributes
-    assert attributes["service.name"] == "policy_model"
+    assert attributes["service.name"] == "nemo-gym/policy_model"
     assert attributes["nemo.gym.server.name"] == "policy_model"
 
 
@@ -173,7 +173,8 @@ def test_detector_server_process_named_from_config(
         server_environment(gym_config(), "policy_model"), ["app.py"], []
     )
     assert {k: v for k, v in attributes.items() if not k.startswith(("process.", "service.i"))} == {
-        "service.name": "policy_model",
+        "service.name": "nemo-gym/policy_model",
+        "nemo.gym.service_group": "nemo-gym",
         "nemo.gym.server.name": "policy_model",
         "nemo.gym.server.type": "responses_api_models",
         "nemo.gym.server.implementation": "openai_model",
@@ -268,7 +269,7 @@ def test_detector_bad_input_warns_naming_variable(
 ) -> None:
     """Bad or missing configuration: one warning naming the variable; the name is still used."""
     attributes = process_attributes(environ, ["app.py"], [])
-    assert attributes["service.name"] == environ["NEMO_GYM_CONFIG_PATH"]
+    assert attributes["service.name"] == f"nemo-gym/{environ['NEMO_GYM_CONFIG_PATH']}"
     (record,) = detector_warnings.records
     assert record.levelno == logging.WARNING
     assert expected in record.getMessage()
@@ -280,10 +281,16 @@ def test_detector_plain_process_has_only_its_instance() -> None:
     assert set(attributes) == {"service.instance.id", "process.pid", "process.parent_pid"}
 
 
-def test_detector_nemo_gym_cli_named() -> None:
-    """NeMo Gym's own commands are named after the program (``gym``, ``ng_run``)."""
-    assert process_attributes({}, ["/venv/bin/gym", "eval", "run"])["service.name"] == "gym"
-    assert process_attributes({}, ["/venv/bin/ng_run"])["service.name"] == "ng_run"
+def test_detector_nemo_gym_cli_named_orchestrator() -> None:
+    """NeMo Gym's own commands (``gym``, ``ng_run``) are its orchestrator, as NeMo Gym names it."""
+    for argv in (["/venv/bin/gym", "eval", "run"], ["/venv/bin/ng_run"]):
+        attributes = process_attributes({}, argv)
+        assert {k: v for k, v in attributes.items() if k.startswith(("service.n", "nemo."))} == {
+            "service.name": "nemo-gym/orchestrator",
+            "nemo.gym.service_group": "nemo-gym",
+            "nemo.gym.server.name": "orchestrator",
+            "nemo.gym.server.type": "orchestrator",
+        }
 
 
 def test_detector_ray_worker_named_with_node_and_worker() -> None:
@@ -355,7 +362,7 @@ def test_opentelemetry_instrument_two_uvicorn_workers_distinct_instances() -> No
     environ = server_environment(config, "policy_model", IS_NEMO_GYM_FASTAPI_WORKER="1")
     first, second = (run_identify(APP, **environ)["resource"] for _ in range(2))
     for resource in (first, second):
-        assert resource["service.name"] == "policy_model"
+        assert resource["service.name"] == "nemo-gym/policy_model"
         assert resource["nemo.gym.server.type"] == "responses_api_models"
         assert resource["nemo.gym.server.uvicorn_worker"] is True
     assert first["service.instance.id"] != second["service.instance.id"]
@@ -404,3 +411,77 @@ def test_detector_ray_flag_without_value_takes_no_other_flag(argv_tail: list[str
     attributes = ray_process_attributes(argv)
     assert attributes == {"service.name": "ray.worker", "ray.component": "worker"}
     assert SECRET not in json.dumps(attributes)
+
+
+def test_detector_service_name_per_server_off_names_group() -> None:
+    """NeMo Gym's ``NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER=0``: every server is the group."""
+    environ = server_environment(
+        gym_config(), "policy_model", NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER="0"
+    )
+    attributes = process_attributes(environ, ["app.py"])
+    assert attributes["service.name"] == "nemo-gym"
+    assert attributes["nemo.gym.server.name"] == "policy_model"
+
+
+@pytest.mark.parametrize(
+    ("telemetry", "expected"),
+    [({"NEMO_GYM_OTEL_ENABLED": "1"}, "rl-fleet/policy_model"), ({}, None)],
+    ids=["nemo-gym-telemetry-on", "off"],
+)
+def test_detector_otel_service_name_group_only_with_nemo_gym_telemetry(
+    telemetry: dict[str, str], expected: str | None
+) -> None:
+    """``OTEL_SERVICE_NAME`` is NeMo Gym's service group only where its telemetry is on."""
+    environ = server_environment(
+        gym_config(), "policy_model", OTEL_SERVICE_NAME="rl-fleet", **telemetry
+    )
+    attributes = process_attributes(environ, ["app.py"])
+    assert attributes.get("service.name") == expected
+    assert attributes["nemo.gym.service_group"] == "rl-fleet"
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"NEMO_GYM_OTEL_RUN_ID": "a1", "NEMO_LENS_RUN_ID": "b2", "SLURM_JOB_ID": "3"}, "a1"),
+        ({"NEMO_LENS_RUN_ID": "b2", "SLURM_JOB_ID": "3"}, "b2"),
+        ({"SLURM_JOB_ID": "3"}, "3"),
+        ({"NEMO_GYM_OTEL_RUN_ID": "  "}, None),
+    ],
+    ids=["nemo-gym", "nemo-lens", "slurm", "blank"],
+)
+def test_detector_server_run_id_from_environment(
+    variables: dict[str, str], expected: str | None
+) -> None:
+    """A server's run id: NeMo Gym's variable, then nemo-lens's, then Slurm's job; else none."""
+    attributes = process_attributes(
+        server_environment(gym_config(), "policy_model", **variables), ["app.py"]
+    )
+    assert attributes.get("nemo.run.id") == expected
+
+
+def test_detector_ray_worker_keeps_inherited_run_id() -> None:
+    """A Ray worker started inside a run reports that run; its name stays Ray's."""
+    environ = server_environment(gym_config(), "policy_model", NEMO_GYM_OTEL_RUN_ID="a1")
+    attributes = process_attributes(environ, ray_worker_argv(), [])
+    assert (attributes["service.name"], attributes["nemo.run.id"]) == ("ray.worker", "a1")
+
+
+def test_detector_configured_instance_id_not_overridden() -> None:
+    """A ``service.instance.id`` in ``OTEL_RESOURCE_ATTRIBUTES``: the detector sets none."""
+    environ = {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=mine"}
+    assert "service.instance.id" not in process_attributes(environ, ["app.py"])
+
+
+def test_detect_cli_begins_run_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In NeMo Gym's command line ``detect()`` sets the run id its servers will inherit, once."""
+    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/gym", "env", "start"])
+    first = NemoGymResourceDetector().detect().attributes["nemo.run.id"]
+    assert os.environ["NEMO_GYM_OTEL_RUN_ID"] == first
+    assert NemoGymResourceDetector().detect().attributes["nemo.run.id"] == first
+    monkeypatch.setattr("sys.argv", ["/srv/app.py"])
+    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID")
+    assert "nemo.run.id" not in NemoGymResourceDetector().detect().attributes
+    assert "NEMO_GYM_OTEL_RUN_ID" not in os.environ

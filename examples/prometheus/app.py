@@ -469,7 +469,12 @@ def main() -> None:
     os.environ["NEMO_GYM_CONFIG_PATH"] = args.nemo_gym_server
     port = args.metrics_port or free_port()
     own_reader = InMemoryMetricReader()
-    attributes: dict[str, str | int] = {"service.name": "nemo-gym-prometheus-example"}
+    # Named as the resource detector and NeMo Gym's own telemetry name a server (docs/names.md).
+    attributes: dict[str, str | int] = {
+        "service.name": f"nemo-gym/{args.nemo_gym_server}",
+        "nemo.gym.service_group": "nemo-gym",
+        "nemo.gym.server.name": args.nemo_gym_server,
+    }
     if args.otlp_endpoint:
         attributes["service.instance.id"] = f"{socket.gethostname()}-{os.getpid()}"
     resource = Resource.create(attributes)

@@ -1,4 +1,5 @@
-"""``NemoGymResourceDetector``: each process of a NeMo Gym deployment says what it is.
+"""``NemoGymResourceDetector``: each process of a NeMo Gym deployment says what it is, in the
+names NeMo Gym's own telemetry (0.6+) gives it.
 
 Published in the ``opentelemetry_resource_detector`` entry-point group as ``nemo_gym``. Like
 every detector outside the SDK's defaults it runs only when named::
@@ -8,20 +9,31 @@ every detector outside the SDK's defaults it runs only when named::
 (``opentelemetry-instrument`` does not enable it by itself.) It names:
 
 * a NeMo Gym server (``gym env start`` hands each server ``NEMO_GYM_CONFIG_PATH`` and
-  ``NEMO_GYM_CONFIG_DICT``): ``service.name`` and ``nemo.gym.server.name`` (the server's
-  top-level key, which is also what other servers' ``nemo.gym.http.destination.server.name``
-  calls it), ``nemo.gym.server.type``, ``nemo.gym.server.implementation``,
-  ``nemo.gym.server.workers`` (its ``num_workers``) and ``nemo.gym.server.uvicorn_worker``;
-* NeMo Gym's command line (``gym``, ``ng_run``, ...): ``service.name``;
+  ``NEMO_GYM_CONFIG_DICT``): ``service.name`` ``nemo-gym/<server>``, ``nemo.gym.service_group``
+  ``nemo-gym``, ``nemo.gym.server.name`` (the server's top-level key, which is also what other
+  servers' ``nemo.gym.http.destination.server.name`` calls it), ``nemo.gym.server.type``,
+  ``nemo.gym.server.implementation``, ``nemo.gym.server.workers`` (its ``num_workers``) and
+  ``nemo.gym.server.uvicorn_worker``;
+* NeMo Gym's command line (``gym``, ``ng_run``, ...), which NeMo Gym calls its orchestrator:
+  ``service.name`` ``nemo-gym/orchestrator``, ``nemo.gym.server.name`` and
+  ``nemo.gym.server.type`` ``orchestrator``;
 * a Ray process: ``service.name`` ``ray.<component>``, ``ray.component`` (``worker``,
   ``dashboard``, ``dashboard_agent``, ...), ``ray.node.id``, ``ray.worker.id`` and
   ``ray.session.name`` where Ray passed them;
-* every process: a ``service.instance.id`` of its own (a UUID, the SDK's where it has one),
-  ``process.pid`` and ``process.parent_pid``, so two workers of one server never share a
-  series.
+* every process: ``nemo.run.id`` where it belongs to a run (``integrations.nemo_gym._identity.run_id``), a
+  ``service.instance.id`` of its own (a UUID, the SDK's where it has one), ``process.pid`` and
+  ``process.parent_pid``, so two workers of one server never share a series.
+
+The command line is where a run begins: where ``NEMO_GYM_OTEL_RUN_ID`` is unset, ``detect()``
+mints a run id there as NeMo Gym's orchestrator does and sets the variable in this process's
+environment, so every server it spawns (and NeMo Gym's own telemetry, where it is on) reports
+the same run. NeMo Gym reads the variable for its own telemetry only.
 
 ``OTEL_SERVICE_NAME`` and a ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` still win: where
-either is set, the detector names no service (whatever order an SDK runs detectors in).
+either is set, the detector names no service (whatever order an SDK runs detectors in). The
+one exception is NeMo Gym's own: with its telemetry switched on (``NEMO_GYM_OTEL_ENABLED``),
+``OTEL_SERVICE_NAME`` is its service group, and a server is ``<group>/<server>`` (which wins
+over the SDK's ``otel`` detector only where that is listed first: ``otel,nemo_gym``).
 Nothing from NeMo Gym's configuration reaches the resource or a log line except the keys
 above and ``num_workers``: the configuration holds credentials. A problem is a warning naming
 the variable, never an exception, unless ``raise_on_error`` is set.
@@ -34,15 +46,21 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
+    ATTR_RUN_ID,
+    RUN_ID_VARIABLE,
+    is_nemo_gym_cli,
     nemo_gym_cli_attributes,
     nemo_gym_server_attributes,
+    new_run_id,
+    run_id,
+    service_name_is_group,
 )
 from opentelemetry.instrumentation.nemo_gym.ray._identity import (
     is_ray_system_process,
@@ -70,6 +88,7 @@ class NemoGymResourceDetector(ResourceDetector):
         otherwise it is logged once and an empty resource is returned.
         """
         try:
+            _export_run_id(os.environ, sys.argv)
             return Resource(process_attributes(os.environ, sys.argv, _parent_argv()))
         except Exception:
             if self.raise_on_error:
@@ -96,23 +115,44 @@ def process_attributes(
         # NeMo Gym server; it is not that server, so its variables are not read here.
         attributes.update(ray)
     else:
-        attributes.update(nemo_gym_cli_attributes(argv))
+        attributes.update(nemo_gym_cli_attributes(environ, argv))
         attributes.update(nemo_gym_server_attributes(environ, _warn))
-    if _service_name_configured(environ):
+    if _service_name_configured(environ, named_from_group=bool(attributes) and not ray):
         # The user's choice wins, as the SDK's `otel` detector makes it do when it runs last;
         # SDKs that ran the listed detectors in no fixed order would otherwise pick either.
         attributes.pop(_SERVICE_NAME, None)
-    attributes[_SERVICE_INSTANCE_ID] = _instance_id()
+    run = run_id(environ)
+    if run is not None:
+        attributes[ATTR_RUN_ID] = run
+    if not _in_resource_attributes(environ, _SERVICE_INSTANCE_ID):
+        # Theirs wins too where `otel` runs before us (listed first: `otel,nemo_gym`).
+        attributes[_SERVICE_INSTANCE_ID] = _instance_id()
     attributes[_PROCESS_PID] = os.getpid()
     attributes[_PROCESS_PARENT_PID] = os.getppid()
     return attributes
 
 
-def _service_name_configured(environ: Mapping[str, str]) -> bool:
+def _service_name_configured(environ: Mapping[str, str], *, named_from_group: bool) -> bool:
+    """True where the user named the service. ``named_from_group``: our name was built from
+    NeMo Gym's service group, which is ``OTEL_SERVICE_NAME`` where NeMo Gym's telemetry is on
+    (then that variable names the group, not this service)."""
     if environ.get("OTEL_SERVICE_NAME", "").strip():
-        return True
+        return not (named_from_group and service_name_is_group(environ))
+    return _in_resource_attributes(environ, _SERVICE_NAME)
+
+
+def _in_resource_attributes(environ: Mapping[str, str], key: str) -> bool:
+    """True where ``OTEL_RESOURCE_ATTRIBUTES`` sets ``key``."""
     pairs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
-    return any(pair.split("=", 1)[0].strip() == _SERVICE_NAME for pair in pairs if "=" in pair)
+    return any(pair.split("=", 1)[0].strip() == key for pair in pairs if "=" in pair)
+
+
+def _export_run_id(environ: MutableMapping[str, str], argv: Sequence[str]) -> None:
+    """In NeMo Gym's command line, begin a run as its orchestrator does: where
+    ``NEMO_GYM_OTEL_RUN_ID`` is unset, set it to a new run id, so that every server (and
+    uvicorn worker, and Ray worker) started from here inherits it."""
+    if is_nemo_gym_cli(argv) and not environ.get(RUN_ID_VARIABLE, "").strip():
+        environ[RUN_ID_VARIABLE] = new_run_id(environ)
 
 
 def in_ray_system_process() -> bool:

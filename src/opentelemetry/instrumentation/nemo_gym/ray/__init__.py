@@ -12,7 +12,8 @@ task to whichever node runs it, so::
     # or per task / actor: f.options(runtime_env=runtime_env({"pip": [...]})).remote()
 
 gives every worker process of that job (or task) the driver's ``OTEL_*`` settings, except
-credentials, and Ray's worker setup hook, set to ``setup_worker``, which configures the SDK
+credentials, its run (``NEMO_GYM_OTEL_RUN_ID``, the resource's ``nemo.run.id``), and Ray's
+worker setup hook, set to ``setup_worker``, which configures the SDK
 from them as ``opentelemetry-instrument`` would (its distro, configurator and every
 installed instrumentor, this plugin included), once per worker process, before the worker
 runs its first task. The ``nemo_gym`` resource detector
@@ -39,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import RUN_ID_VARIABLE
 
 __all__ = ["SETUP_HOOK", "flush", "runtime_env", "setup_worker"]
 
@@ -166,8 +168,8 @@ def setup_worker() -> None:
 
 
 def _inherited(environ: Mapping[str, str], *, credentials: bool) -> dict[str, str]:
-    """This process's ``OTEL_*`` settings, minus what names this process rather than a worker,
-    and minus credentials unless ``credentials`` is true.
+    """This process's ``OTEL_*`` settings and run id, minus what names this process rather
+    than a worker, and minus credentials unless ``credentials`` is true.
 
     A worker is its own service instance: the driver's ``OTEL_SERVICE_NAME`` and the
     ``service.name``/``service.instance.id`` in its ``OTEL_RESOURCE_ATTRIBUTES`` would make
@@ -183,6 +185,10 @@ def _inherited(environ: Mapping[str, str], *, credentials: bool) -> dict[str, st
     ]
     if kept:
         variables[_RESOURCE_ATTRIBUTES] = ",".join(kept)
+    # The run is the job's, not the driver's own: its workers belong to it too.
+    run = environ.get(RUN_ID_VARIABLE, "").strip()
+    if run:
+        variables[RUN_ID_VARIABLE] = run
     if credentials:
         return variables
     withheld = sorted(name for name, value in variables.items() if _is_credential(name, value))

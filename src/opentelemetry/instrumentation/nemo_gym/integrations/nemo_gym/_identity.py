@@ -1,6 +1,23 @@
-"""Which NeMo Gym server a process is, from what ``gym env start`` hands it.
+"""Which NeMo Gym server a process is, from what ``gym env start`` hands it, in NeMo Gym's
+own names.
 
-Pure functions over an environment mapping and ``argv``: no I/O, no OpenTelemetry.
+Functions over an environment mapping and ``argv``: no I/O, no OpenTelemetry (``new_run_id``
+draws a random id; setting it in the environment is the resource detector's).
+
+The names are the ones NeMo Gym's in-app telemetry (``nemo_gym.telemetry.setup``, 0.6+, built
+on nemo-lens) puts on its resource, so a server reads the same whichever of the two reports
+it (``docs/names.md`` has the table):
+
+* ``service.name`` ``<group>/<server>`` (``nemo-gym/policy_model``), and the group alone as
+  ``nemo.gym.service_group``. The group is NeMo Gym's ``telemetry.service_name``: ``nemo-gym``,
+  or ``OTEL_SERVICE_NAME`` where set (NeMo Gym's orchestrator exports it there). Its
+  ``NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER=0`` leaves the server name off.
+* NeMo Gym's command line is its ``orchestrator``: ``nemo-gym/orchestrator``, with
+  ``nemo.gym.server.name`` and ``nemo.gym.server.type`` both ``orchestrator``.
+* ``nemo.run.id``: one id for every process of a run. NeMo Gym's orchestrator takes
+  ``NEMO_GYM_OTEL_RUN_ID``, else ``SLURM_JOB_ID``, else 12 random hex digits, and writes it
+  into ``NEMO_GYM_OTEL_RUN_ID`` before it spawns a server, so every server inherits it; the
+  resource detector does the same in the command line.
 
 ``gym env start`` (nemo-gym 0.4.0, ``nemo_gym/cli/env.py``) runs each server as
 ``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python app.py`` in the server's
@@ -28,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
@@ -41,6 +59,8 @@ FASTAPI_WORKER_VARIABLE: Final = "IS_NEMO_GYM_FASTAPI_WORKER"
 NUM_WORKERS_KEY: Final = "num_workers"
 
 ATTR_SERVICE_NAME: Final = "service.name"
+ATTR_SERVICE_GROUP: Final = "nemo.gym.service_group"
+ATTR_RUN_ID: Final = "nemo.run.id"
 # NeMo Gym's own words for the three levels of a server block ("unique server name", "server
 # type", "server implementation"); the name is the value NeMo Gym's ServerClient and our
 # `nemo.gym.http.destination.server.name` label use, so a destination joins to its process.
@@ -53,6 +73,18 @@ ATTR_UVICORN_WORKER: Final = "nemo.gym.server.uvicorn_worker"
 # NeMo Gym 0.4.0's console scripts: `gym`, `ng`, and the legacy `ng_*` / `nemo_gym_*`.
 _CLI_NAMES: Final = frozenset({"gym", "ng"})
 _CLI_PREFIXES: Final = ("ng_", "nemo_gym_")
+
+# NeMo Gym's `telemetry:` block (`nemo_gym.telemetry.config.TelemetryConfig`) and the variables
+# its orchestrator translates it into for the servers (`configure_telemetry_env`).
+SERVICE_GROUP: Final = "nemo-gym"  # its `service_name` default
+ORCHESTRATOR: Final = "orchestrator"  # what it names its command line, as name and as type
+RUN_ID_VARIABLE: Final = "NEMO_GYM_OTEL_RUN_ID"
+_RUN_ID_FALLBACK_VARIABLE: Final = "NEMO_LENS_RUN_ID"  # nemo-lens reads it after NeMo Gym's
+_SLURM_JOB_VARIABLE: Final = "SLURM_JOB_ID"
+_PER_SERVER_VARIABLE: Final = "NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER"
+_TELEMETRY_ENABLED_VARIABLES: Final = ("NEMO_GYM_OTEL_ENABLED", "NEMO_LENS_ENABLED")
+_SERVICE_NAME_VARIABLE: Final = "OTEL_SERVICE_NAME"
+_TRUTHY: Final = frozenset({"1", "true", "yes", "on"})
 
 Warn = Callable[[str], None]
 
@@ -73,7 +105,7 @@ def nemo_gym_server_attributes(environ: Mapping[str, str], warn: Warn) -> dict[s
     if name is None:
         return {}
     attributes: dict[str, AttributeValue] = {
-        ATTR_SERVICE_NAME: name,
+        **_service_attributes(environ, name),
         ATTR_SERVER_NAME: name,
         ATTR_UVICORN_WORKER: environ.get(FASTAPI_WORKER_VARIABLE) == "1",
     }
@@ -107,14 +139,71 @@ def nemo_gym_server_attributes(environ: Mapping[str, str], warn: Warn) -> dict[s
     return attributes
 
 
-def nemo_gym_cli_attributes(argv: Sequence[str]) -> dict[str, AttributeValue]:
-    """``service.name`` for NeMo Gym's own command line (``gym eval run``, ``ng_run``, ...)."""
+def is_nemo_gym_cli(argv: Sequence[str]) -> bool:
+    """True in NeMo Gym's own command line (``gym env start``, ``gym eval run``, ``ng_run``)."""
     if not argv:
-        return {}
+        return False
     program = os.path.basename(argv[0])
-    if program in _CLI_NAMES or program.startswith(_CLI_PREFIXES):
-        return {ATTR_SERVICE_NAME: program}
-    return {}
+    return program in _CLI_NAMES or program.startswith(_CLI_PREFIXES)
+
+
+def nemo_gym_cli_attributes(
+    environ: Mapping[str, str], argv: Sequence[str]
+) -> dict[str, AttributeValue]:
+    """NeMo Gym's command line as NeMo Gym names it: its orchestrator. Empty elsewhere."""
+    if not is_nemo_gym_cli(argv):
+        return {}
+    return {
+        **_service_attributes(environ, ORCHESTRATOR),
+        ATTR_SERVER_NAME: ORCHESTRATOR,
+        ATTR_SERVER_TYPE: ORCHESTRATOR,
+    }
+
+
+def run_id(environ: Mapping[str, str]) -> str | None:
+    """The run this process belongs to, as NeMo Gym's telemetry reads it, or ``None``.
+
+    ``NEMO_GYM_OTEL_RUN_ID`` (which NeMo Gym's orchestrator, or our detector in the command
+    line, hands every server), then nemo-lens's ``NEMO_LENS_RUN_ID``, then ``SLURM_JOB_ID``.
+    Where none is set a process has no run id: nemo-lens would make one up per process, which
+    would group nothing.
+    """
+    for variable in (RUN_ID_VARIABLE, _RUN_ID_FALLBACK_VARIABLE, _SLURM_JOB_VARIABLE):
+        value = environ.get(variable, "").strip()
+        if value:
+            return value
+    return None
+
+
+def new_run_id(environ: Mapping[str, str]) -> str:
+    """The run id NeMo Gym's orchestrator mints where ``NEMO_GYM_OTEL_RUN_ID`` is unset:
+    ``SLURM_JOB_ID``, else 12 random hex digits."""
+    return environ.get(_SLURM_JOB_VARIABLE, "").strip() or uuid.uuid4().hex[:12]
+
+
+def service_group(environ: Mapping[str, str]) -> str:
+    """NeMo Gym's service group: ``OTEL_SERVICE_NAME`` where set, else ``nemo-gym``."""
+    return environ.get(_SERVICE_NAME_VARIABLE, "").strip() or SERVICE_GROUP
+
+
+def service_name_is_group(environ: Mapping[str, str]) -> bool:
+    """True where ``OTEL_SERVICE_NAME`` is NeMo Gym's service group rather than a whole name:
+    NeMo Gym's own telemetry is switched on (its orchestrator exported the variable as the
+    group, and its servers append their names to it)."""
+    for variable in _TELEMETRY_ENABLED_VARIABLES:
+        raw = environ.get(variable, "").strip().lower()
+        if raw:  # NeMo Gym's own variable decides before nemo-lens's, as in NeMo Gym
+            return raw in _TRUTHY
+    return False
+
+
+def _service_attributes(environ: Mapping[str, str], name: str) -> dict[str, AttributeValue]:
+    """``service.name`` ``<group>/<name>`` and ``nemo.gym.service_group``, as NeMo Gym's
+    ``init_telemetry`` sets them."""
+    group = service_group(environ)
+    per_server = environ.get(_PER_SERVER_VARIABLE, "").strip().lower()
+    service = group if per_server and per_server not in _TRUTHY else f"{group}/{name}"
+    return {ATTR_SERVICE_NAME: service, ATTR_SERVICE_GROUP: group}
 
 
 def server_block(config_yaml: str, name: str) -> tuple[str, str, str | None] | None:
