@@ -22,7 +22,8 @@ every detector outside the SDK's defaults it runs only when named::
   ``ray.session.name`` where Ray passed them;
 * every process: ``nemo.run.id`` where it belongs to a run
   (``integrations.nemo_gym._identity.run_id``), a ``service.instance.id`` of its own (a
-  UUID, the SDK's where it has one), ``process.pid`` and ``process.parent_pid``, so two workers of one server never share a series.
+  UUID, the SDK's where it has one), ``process.pid`` and ``process.parent_pid``, so
+  two workers of one server never share a series.
 
 The command line is where a run begins: where ``NEMO_GYM_OTEL_RUN_ID`` is unset, ``detect()``
 mints a run id there as NeMo Gym's orchestrator does and sets the variable in this process's
