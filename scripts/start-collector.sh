@@ -32,6 +32,8 @@
 #                             belong to you)
 #   NEMO_GYM_COLLECTOR_CACHE  build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/collector)
 #   NEMO_GYM_JAEGER_CACHE     Jaeger's build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/jaeger)
+#   NEMO_GYM_JAEGER_PORT      the port to try first for Jaeger's query service and UI
+#                             (default 16686; 0 means any free port); its other ports are free ones
 #   NEMO_GYM_COLLECTOR_PORTS  the ports to try first, OTLP/HTTP,OTLP/gRPC,Prometheus
 #                             (default 4318,4317,8889; 0 means any free port: 0,0,0)
 #   GO                        the Go to build with (default /usr/local/go/bin/go, else `go`)
@@ -59,6 +61,7 @@ state_dir="${NEMO_GYM_COLLECTOR_DIR:-/tmp/nemo-gym-collector-$uid}"
 cache="${NEMO_GYM_COLLECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/collector}"
 jaeger_cache="${NEMO_GYM_JAEGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/jaeger}"
 preferred_ports="${NEMO_GYM_COLLECTOR_PORTS:-4318,4317,8889}"
+preferred_jaeger_port="${NEMO_GYM_JAEGER_PORT:-16686}"
 
 if [ "$mode" = stop ] && [ ! -d "$state_dir" ]; then
   log "no state folder $state_dir: no collector started from it"
@@ -175,6 +178,12 @@ for port in ${preferred_ports//,/ }; do
     exit 2
   fi
 done
+
+if [ "$jaeger" = yes ] && { ! [[ "$preferred_jaeger_port" =~ ^[0-9]{1,5}$ ]] ||
+  [ "$((10#$preferred_jaeger_port))" -gt 65535 ]; }; then
+  log "NEMO_GYM_JAEGER_PORT=$preferred_jaeger_port: expected a port (0 to 65535; 0 for any free one)"
+  exit 2
+fi
 
 SRC="$(cd "$(dirname "$0")/collector" && pwd -P)"
 
@@ -327,8 +336,8 @@ if [ "$jaeger" = yes ]; then
   fi
   if ! our_process jaeger >/dev/null; then
     rm -f "$(pid_file jaeger)" "$(identity_file jaeger)" "$JAEGER_FILE"
-    read -r query query_grpc jaeger_otlp <<<"$(pick_ports 16686 0 0)"
-    port_log "Jaeger's query service and UI" 16686 "$query"
+    read -r query query_grpc jaeger_otlp <<<"$(pick_ports "$((10#$preferred_jaeger_port))" 0 0)"
+    port_log "Jaeger's query service and UI" "$((10#$preferred_jaeger_port))" "$query"
     sed -e "s/@JAEGER_QUERY_PORT@/$query/" -e "s/@JAEGER_QUERY_GRPC_PORT@/$query_grpc/" \
       -e "s/@JAEGER_OTLP_GRPC_PORT@/$jaeger_otlp/" \
       "$JAEGER_SRC/jaeger.yaml.in" >"$STATE_DIR/jaeger.yaml"
