@@ -30,6 +30,7 @@ from conftest import eventually
 from nemo_gym_support import nemo_gym_sandbox
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 
+LEAKED = "another request"  # the span current where the server's task was made
 LIFECYCLE = ("sandbox.create", "sandbox.exec", "sandbox.close")  # AsyncSandbox start, exec, exit
 
 
@@ -40,14 +41,12 @@ def traced(
     meter_provider: MeterProvider,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[TracerProvider]:
-    """The plugin's sandbox half and the aiohttp client on ``tracer_provider``."""
+    """The plugin (its sandbox half and its uvicorn start, with the pressure metrics) and the
+    aiohttp client on ``tracer_provider``."""
     nemo_gym_sandbox()
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0")
     instrumentor.instrument(
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        connection_pool=False,
-        pressure=False,
+        tracer_provider=tracer_provider, meter_provider=meter_provider, connection_pool=False
     )
     client = AioHttpClientInstrumentor()
     client.instrument(tracer_provider=tracer_provider)
@@ -73,12 +72,15 @@ def resources_app(base_dir: Path) -> FastAPI:
 
 @pytest.fixture
 async def served(traced: TracerProvider, tmp_path: Path) -> AsyncIterator[str]:
-    """The resources app, FastAPI-instrumented, served by uvicorn on 127.0.0.1."""
+    """The resources app, FastAPI-instrumented, served by uvicorn on 127.0.0.1; its serving
+    task made while a span of the test is current, as a context uvicorn leaks into a request's
+    task would be (see ``_trace_context``)."""
     app = resources_app(tmp_path)
     FastAPIInstrumentor.instrument_app(app, tracer_provider=traced)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", lifespan="on")
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    with traced.get_tracer("test").start_as_current_span(LEAKED):
+        task = asyncio.create_task(server.serve())
     await eventually(lambda: server.started or task.done(), "uvicorn started")
     assert server.started
     yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
@@ -99,8 +101,9 @@ async def test_trace_sandbox_spans_nest_under_server_handling(
     served: str, span_exporter: InMemorySpanExporter
 ) -> None:
     """One request to a resources server whose handler runs a sandbox is one trace: the
-    client's span is its root, the server's span its child, and every sandbox.* span (and the
-    sandbox's resource records) descends from the server's span."""
+    client's span is its root, the server's span its child (not the leaked context's), and
+    every sandbox.* span (and the sandbox's resource records) descends from the server's
+    span."""
     async with (
         aiohttp.ClientSession() as session,
         session.post(f"{served}/get_weather") as response,
@@ -112,7 +115,7 @@ async def test_trace_sandbox_spans_nest_under_server_handling(
 
     # The sandbox's final resource record is written beside the request; wait for it.
     await eventually(lambda: bool(finished("sandbox.resources")), "resource records", 60)
-    spans = list(span_exporter.get_finished_spans())
+    spans = [s for s in span_exporter.get_finished_spans() if s.name != LEAKED]
     assert len({s.context.trace_id for s in spans}) == 1, [s.name for s in spans]
     by_id: dict[int, Any] = {s.context.span_id: s for s in spans}
     (client,) = [s for s in spans if s.kind is SpanKind.CLIENT]
