@@ -105,14 +105,15 @@ SECTIONS: dict[str, Section] = {
     ),
     "deployment": Section(
         "runs docs/nemo-gym-deployment.md's commands (a Python 3.12 where that page looks, "
-        "Go for the collector, PyPI or a warm pip cache); run: "
+        "Go for the collector and Jaeger, PyPI or a warm pip cache); run: "
         ".venv/bin/python -m pytest -s -m deployment tests/test_nemo_gym_deployment.py",
         _python312_where_the_deployment_page_looks,
     ),
     "nemo_gym_server": Section(
         "needs NeMo Gym's server_utils (.venv-nemo-gym-server, from "
         "scripts/nemo-gym-server-env.sh); run: .venv-nemo-gym-server/bin/python -m pytest "
-        "-m nemo_gym_server tests/test_nemo_gym_server_client.py tests/test_server_venvs_config.py",
+        "-m nemo_gym_server tests/test_nemo_gym_server_client.py tests/test_server_venvs_config.py "
+        "tests/test_nemo_gym_rollout_span.py",
         _importable("nemo_gym.server_utils", "bash scripts/nemo-gym-server-env.sh"),
     ),
     "nemo_gym_main": Section(

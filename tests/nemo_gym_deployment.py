@@ -37,11 +37,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,6 +88,7 @@ class Process:
     resource: dict[str, str]
     connects: dict[str, float] = field(default_factory=dict)  # per destination label
     pool_series: set[str] = field(default_factory=set)  # gym_http_connection_pool_* names
+    series: set[str] = field(default_factory=set)  # every sample name but target_info's
 
 
 @dataclass
@@ -102,6 +105,8 @@ class Deployment:
     leftovers: list[str]  # processes still alive after gym env start returned
     server_exit_seconds: list[float]  # SIGINT to exit, per `python app.py` server process
     port_taken: PortTaken
+    traces: list[dict[str, Any]]  # Jaeger's traces holding a rollout span (its JSON API)
+    jaeger_services: list[str]
 
 
 @dataclass
@@ -233,6 +238,7 @@ def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[st
         # default, /tmp/nemo-gym-collector-<uid>, is left alone), on free ports.
         NEMO_GYM_COLLECTOR_DIR=str(collector_state),
         NEMO_GYM_COLLECTOR_PORTS="0,0,0",
+        NEMO_GYM_JAEGER_PORT="0",
         # The page's +uv_cache_dir reads it: reruns reuse the server virtualenvs' packages.
         UV_CACHE_DIR=str(uv_cache),
         RAY_USAGE_STATS_ENABLED="0",
@@ -241,9 +247,10 @@ def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[st
     return env
 
 
-def _collector_lines(state: Path) -> dict[str, str]:
-    """The collector's settings as its state folder records them (``KEY=VALUE`` lines)."""
-    ports = state / "ports.env"
+def _collector_lines(state: Path, name: str = "ports.env") -> dict[str, str]:
+    """The collector's (or, ``jaeger.env``, Jaeger's) settings as its state folder records
+    them (``KEY=VALUE`` lines)."""
+    ports = state / name
     if not ports.exists():
         return {}
     return dict(line.split("=", 1) for line in ports.read_text().splitlines() if "=" in line)
@@ -288,12 +295,52 @@ def _scrape(url: str) -> dict[tuple[str, str], Process]:
         for sample in family.samples:
             if family.name == "target_info":
                 process(sample.labels).resource.update(sample.labels)
-            elif sample.name.startswith(POOL_PREFIX) and not sample.name.endswith("_created"):
+                continue
+            process(sample.labels).series.add(sample.name)
+            if sample.name.startswith(POOL_PREFIX) and not sample.name.endswith("_created"):
                 process(sample.labels).pool_series.add(sample.name)
                 if sample.name == CONNECT_TOTAL:
                     destination = sample.labels.get("nemo_gym_http_destination_server_name", "")
                     process(sample.labels).connects[destination] = sample.value
     return processes
+
+
+ROLLOUT_SPAN = "rollout"  # the plugin's span of each rollout (_rollout_span.SPAN_NAME)
+
+
+def _jaeger(query: str, path: str) -> Any:
+    return json.loads(urllib.request.urlopen(f"{query}{path}", timeout=60).read())
+
+
+def rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every trace Jaeger holds with a rollout span (from whichever service made it: the CLI's
+    name is the resource's), and every service Jaeger knows."""
+    services: list[str] = _jaeger(query, "/api/services")["data"] or []
+    traces: dict[str, dict[str, Any]] = {}
+    for service in services:
+        named = urllib.parse.quote(service)
+        operations = _jaeger(query, f"/api/services/{named}/operations")["data"] or []
+        if ROLLOUT_SPAN not in [o["name"] if isinstance(o, dict) else o for o in operations]:
+            continue
+        search = f"/api/traces?service={named}&operation={ROLLOUT_SPAN}&limit={10 * ROLLOUTS}"
+        for found in _jaeger(query, f"{search}&lookback=2h")["data"] or []:
+            traces[found["traceID"]] = found
+    return list(traces.values()), services
+
+
+def _settled_rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rollout traces once ROLLOUTS of them are stored and their span count held still
+    for longer than the SDK's batch delay (5 s), so each process's last batch is in; bounded
+    at 180 s (then whatever is stored, for the test to report)."""
+    deadline = time.monotonic() + 180
+    previous = -1
+    while True:
+        traces, services = rollout_traces(query)
+        spans = sum(len(t["spans"]) for t in traces)
+        if (len(traces) >= ROLLOUTS and spans == previous) or time.monotonic() > deadline:
+            return traces, services
+        previous = spans
+        time.sleep(7)
 
 
 # Ray gives up on a cluster that has gone after 60 s; a process of ours holding a server open
@@ -438,6 +485,12 @@ def run_deployment(
         stats = json.loads(
             urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stats", timeout=10).read()
         )
+        # Before Ctrl-C: every process's spans leave within the SDK's batch delay.
+        jaeger_query = _collector_lines(collector_state, "jaeger.env").get("JAEGER_QUERY")
+        assert jaeger_query, "the deployment page's start-collector.sh line started no Jaeger"
+        traces, jaeger_services = _settled_rollout_traces(jaeger_query)
+        if os.environ.get("NEMO_GYM_DEPLOYMENT_TRACES"):
+            Path(os.environ["NEMO_GYM_DEPLOYMENT_TRACES"]).write_text(json.dumps(traces))
         # Ctrl-C, as a terminal sends it: SIGINT to the whole foreground process group, so to
         # the shell, gym env start and each server. NeMo Gym then also sends SIGINT to each
         # server's shell, kills that shell 1 s later, and shuts down its Ray cluster.
@@ -492,6 +545,8 @@ def run_deployment(
             leftovers=leftovers,
             server_exit_seconds=exit_seconds,
             port_taken=port_taken,
+            traces=traces,
+            jaeger_services=jaeger_services,
         )
     finally:
         stop_watching.set()

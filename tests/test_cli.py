@@ -334,3 +334,55 @@ def test_server_venvs_on_nemo_gym_main_where_its_setup_puts_them(
     )
     if moved:
         assert found.venv == tmp_path / "venvs" / "resources_servers" / "echo" / ".venv"
+
+
+def test_tracing_requirements_add_process_metrics_at_instrumentation_release() -> None:
+    """--tracing adds system-metrics at this environment's opentelemetry-instrumentation
+    release when it is not among the requirements, and nothing when it is."""
+    from importlib.metadata import version
+
+    from opentelemetry.instrumentation.nemo_gym._server_venvs import tracing_requirements
+
+    tracing = [
+        "opentelemetry-instrumentation-aiohttp-client==0.66b1",
+        "opentelemetry-instrumentation-fastapi==0.66b1",
+    ]
+    release = version("opentelemetry-instrumentation")
+    assert tracing_requirements(["opentelemetry-sdk==1.45.1", *tracing]) == [
+        f"opentelemetry-instrumentation-system-metrics=={release}"
+    ]
+    with_metrics = [*tracing, "opentelemetry-instrumentation-system-metrics==0.66b1"]
+    assert tracing_requirements(with_metrics) == []
+
+
+def test_tracing_requirements_missing_instrumentation_names_it() -> None:
+    """--tracing without the fastapi instrumentation here is bad input naming the package and
+    the one pip command that installs the set."""
+    from opentelemetry.instrumentation.nemo_gym._server_venvs import tracing_requirements
+
+    with pytest.raises(ValueError, match=r"^--tracing: ") as refused:
+        tracing_requirements(["opentelemetry-instrumentation-aiohttp-client==0.66b1"])
+    message = str(refused.value)
+    assert message.startswith(
+        f"--tracing: opentelemetry-instrumentation-fastapi not installed in {sys.prefix}; "
+    )
+    assert "beside opentelemetry-distro, in one pip command" in message
+
+
+def test_server_venvs_tracing_flag_before_gym_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`server-venvs --tracing ARGS` hands ARGS to gym's parser and asks for tracing; without
+    the flag, tracing stays off and every argument is gym's."""
+    from opentelemetry.instrumentation.nemo_gym import _server_venvs
+
+    calls: list[tuple[list[str], bool]] = []
+
+    def prepare(argv: list[str], *, tracing: bool = False) -> int:
+        calls.append((list(argv), tracing))
+        return 0
+
+    monkeypatch.setattr(_server_venvs, "prepare", prepare)
+    assert main(["server-venvs", "--tracing", "--config", "a.yaml", "+x=1"]) == 0
+    assert main(["server-venvs", "--config", "a.yaml"]) == 0
+    assert calls == [(["--config", "a.yaml", "+x=1"], True), (["--config", "a.yaml"], False)]

@@ -8,11 +8,15 @@ ones, which another run on the machine may hold or want.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -326,3 +330,53 @@ def test_start_collector_malformed_ports_exit_2(
     assert done.stdout == ""
     assert f"NEMO_GYM_COLLECTOR_PORTS={ports}: " in done.stderr
     assert not (state / "collector.pid").exists()
+
+
+def test_start_collector_jaeger_receives_the_collectors_traces(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """--jaeger starts Jaeger on loopback before the collector, which sends it every trace it
+    receives; the query URL is printed (and exported by --env); --stop ends both by PID."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+    lines = _script(state, "--jaeger", NEMO_GYM_JAEGER_PORT="0")
+    assert re.fullmatch(r"JAEGER_QUERY=http://127\.0\.0\.1:\d+", lines[-3])
+    query = lines[-3].split("=", 1)[1]
+    _, otlp = _endpoints(lines)
+    jaeger_pid = int((state / "jaeger.pid").read_text())
+    collector_pid = int((state / "collector.pid").read_text())
+    env_lines = _script(state, "--env")
+    assert env_lines[-1] == f"export JAEGER_QUERY={query}"
+    assert int((state / "collector.pid").read_text()) == collector_pid  # kept, not replaced
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "jaeger-probe"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(f"{otlp}/v1/traces")))
+    tracer = provider.get_tracer("probe")
+    with tracer.start_as_current_span("root") as root, tracer.start_as_current_span("child"):
+        pass
+    provider.shutdown()
+    trace_id = f"{root.get_span_context().trace_id:032x}"
+
+    # The collector's batch processor forwards within a second or so (bounded: 30 s).
+    found: dict[str, object] = {}
+    for _ in range(150):
+        try:
+            found = json.loads(urllib.request.urlopen(f"{query}/api/traces/{trace_id}").read())
+            break
+        except urllib.error.HTTPError as not_yet:  # 404 until the trace is stored
+            if not_yet.code != 404:
+                raise
+        time.sleep(0.2)
+    (stored,) = found["data"]  # type: ignore[misc]
+    assert sorted(span["operationName"] for span in stored["spans"]) == ["child", "root"]
+
+    _script(state, "--stop")
+    assert not _running(jaeger_pid)
+    assert not _running(collector_pid)
+    assert http_status(f"{query}/api/services") == 0
+    assert not (state / "jaeger.pid").exists()

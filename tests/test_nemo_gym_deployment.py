@@ -18,16 +18,22 @@ still all arrive.
 
 from __future__ import annotations
 
+import urllib.parse
+from collections import defaultdict
+from typing import Any
+
 import pytest
 
 from nemo_gym_deployment import (
     AGENT,
     KILL_AFTER_S,
     MODEL,
+    REPEATS,
     RESOURCES,
     ROLLOUTS,
     SERVER_WORKERS,
     SERVERS,
+    TASKS,
     Deployment,
     by_service,
     connects_to,
@@ -143,3 +149,109 @@ def test_deployment_every_process_ended(deployment: Deployment) -> None:
     """gym env start ended every server and Ray daemon itself; nothing was left to kill."""
     assert deployment.gym_exit is not None
     assert deployment.leftovers == [], deployment.leftovers
+
+
+# --- one trace per rollout, in Jaeger ------------------------------------------------------------
+
+LAG_COUNT = "gym_event_loop_lag_ms_milliseconds_count"
+# The four process metrics as the collector's Prometheus exporter names them (unit suffixes).
+PROCESS_SERIES = (
+    "process_cpu_time_seconds_total",
+    "process_memory_usage_bytes",
+    "process_open_file_descriptor_count",
+    "process_thread_count",
+)
+
+
+def _tag(span: dict[str, Any], key: str) -> Any:
+    return next((tag["value"] for tag in span["tags"] if tag["key"] == key), None)
+
+
+def _hop(trace: dict[str, Any], span: dict[str, Any]) -> tuple[str, str, str]:
+    """A span as (service, kind, path): the route a server handled, the path a client called."""
+    service = trace["processes"][span["processID"]]["serviceName"]
+    kind = _tag(span, "span.kind") or "internal"
+    if kind == "server":
+        return service, kind, str(_tag(span, "http.route"))
+    if kind == "client":
+        url = _tag(span, "http.url") or _tag(span, "url.full") or ""
+        return service, kind, urllib.parse.urlsplit(str(url)).path
+    return service, kind, span["operationName"]
+
+
+def span_tree(trace: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The trace's roots as (service, kind, path, children...) trees, children sorted; the
+    ASGI middleware's own ``http send``/``http receive`` spans (a count per response body
+    chunk) left out."""
+    spans = {
+        span["spanID"]: span
+        for span in trace["spans"]
+        if not span["operationName"].endswith((" http send", " http receive"))
+    }
+    children: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    for span in spans.values():
+        parents = [r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"]
+        children[parents[0] if parents and parents[0] in spans else None].append(span)
+
+    def tree(span: dict[str, Any]) -> tuple[Any, ...]:
+        below = sorted((tree(child) for child in children[span["spanID"]]), key=repr)
+        return (*_hop(trace, span), *below)
+
+    return sorted((tree(root) for root in children[None]), key=repr)
+
+
+def expected_rollout(cli: str) -> tuple[Any, ...]:
+    """One rollout of example_single_tool_call with simple_agent, hop by hop: the CLI's
+    rollout span and POST /run; the agent's /run, which seeds the session, runs its own
+    /v1/responses (two model calls, each answered by the model server, which calls the model
+    endpoint, and the get_weather tool between them) and verifies."""
+
+    def called(caller: str, path: str, server: str, *below: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (caller, "client", path, (server, "server", path, *below))
+
+    agent, model, resources = service(AGENT), service(MODEL), service(RESOURCES)
+    model_call = called(agent, "/v1/responses", model, (model, "client", "/v1/responses"))
+    responses = sorted([model_call, model_call, called(agent, "/get_weather", resources)], key=repr)
+    run = sorted(
+        [
+            called(agent, "/seed_session", resources),
+            called(agent, "/v1/responses", agent, *responses),
+            called(agent, "/verify", resources),
+        ],
+        key=repr,
+    )
+    return (cli, "internal", "rollout", called(cli, "/run", agent, *run))
+
+
+def test_deployment_one_trace_per_rollout(deployment: Deployment) -> None:
+    """300 rollouts are exactly 300 traces in Jaeger, each named by its task and repeat (every
+    pair once) and each complete: one root, the rollout span, with every hop below it."""
+    traces = deployment.traces
+    assert len(traces) == ROLLOUTS, (len(traces), deployment.jaeger_services)
+    named = set()
+    for trace in traces:
+        (root,) = [s for s in trace["spans"] if not s["references"]]
+        assert root["operationName"] == "rollout"
+        assert _tag(root, "nemo.gym.rollout.agent") == AGENT
+        named.add(
+            (
+                _tag(root, "nemo.gym.rollout.task_index"),
+                _tag(root, "nemo.gym.rollout.rollout_index"),
+            )
+        )
+        cli = trace["processes"][root["processID"]]["serviceName"]
+        assert cli == "nemo-gym/orchestrator", cli
+        assert span_tree(trace) == [expected_rollout(cli)], trace["traceID"]
+    assert named == {(task, repeat) for task in range(TASKS) for repeat in range(REPEATS)}
+
+
+def test_deployment_every_server_lag_and_process_metrics(deployment: Deployment) -> None:
+    """Each server's event-loop lag histogram and its four process metrics reach the collector."""
+    services = by_service(deployment)
+    # Killed 1 s after SIGINT, the resources server (no pool, so no early flush) loses its
+    # only export, as its resource above.
+    for server in SERVERS if KILL_AFTER_S is None else (AGENT, MODEL):
+        series = set().union(*(p.series for p in services.get(service(server), [])))
+        assert LAG_COUNT in series, (server, sorted(series)[:40])
+        missing = [name for name in PROCESS_SERIES if name not in series]
+        assert not missing, (server, missing)

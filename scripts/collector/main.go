@@ -1,6 +1,7 @@
 // Command nemo-gym-otelcol is the OpenTelemetry Collector the tests of
 // opentelemetry-instrumentation-nemo-gym run: an OTLP receiver, the batch processor, the
-// Prometheus exporter (for a real Prometheus to scrape) and the debug exporter.
+// Prometheus exporter (for a real Prometheus to scrape), the debug exporter, and the OTLP
+// exporter that forwards traces to Jaeger (start-collector.sh --jaeger).
 //
 // It is shaped like the OpenTelemetry Collector Builder's output (a factory table handed to
 // otelcol.NewCommand), written by hand so that the only build inputs are this file, go.mod
@@ -17,6 +18,7 @@ import (
 	"go.opentelemetry.io/collector/confmap/provider/yamlprovider"
 	"go.opentelemetry.io/collector/exporter"
 	"go.opentelemetry.io/collector/exporter/debugexporter"
+	"go.opentelemetry.io/collector/exporter/otlpexporter"
 	"go.opentelemetry.io/collector/otelcol"
 	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/batchprocessor"
@@ -49,6 +51,8 @@ func components() (otelcol.Factories, error) {
 	factories.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
 		prometheusexporter.NewFactory(),
 		debugexporter.NewFactory(),
+		// OTLP over gRPC: the traces to Jaeger (start-collector.sh --jaeger).
+		otlpexporter.NewFactory(),
 	)
 	if err != nil {
 		return otelcol.Factories{}, err

@@ -107,6 +107,12 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers imp
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     uninstall as _uninstall_nemo_gym_providers,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
+    install as _install_rollout_span,
+)
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
+    uninstall as _uninstall_rollout_span,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     capacity_workers as _capacity_workers,
 )
@@ -308,6 +314,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 )
             except Exception:
                 logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
+        # NeMo Gym's rollouts (a ServerClient POST /run): one span each, the root of the
+        # rollout's trace. A non-recording span without a configured tracer provider.
+        try:
+            _install_rollout_span(kwargs.get("tracer_provider"))
+        except Exception:
+            logger.exception("nemo_gym: rollout spans failed; skipped")
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
@@ -432,6 +444,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _bind_instrumented_telemetry(None)
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
+        try:
+            _uninstall_rollout_span()
+        except Exception:
+            logger.exception("nemo_gym: restoring nemo_gym's ServerClient.request failed")
         try:
             _uninstall_server_labels()
         except Exception:

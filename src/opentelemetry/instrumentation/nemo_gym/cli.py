@@ -163,9 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
-def _server_venvs_command(gym_args: list[str]) -> int:
+def _server_venvs_command(arguments: list[str]) -> int:
+    # Our own flag comes first; everything after it is gym's.
+    tracing = arguments[:1] == ["--tracing"]
+    gym_args = arguments[1:] if tracing else arguments
     try:
-        return _server_venvs.prepare(gym_args)
+        return _server_venvs.prepare(gym_args, tracing=tracing)
     except (RuntimeError, ValueError) as error:
         print(f"{_PROG} server-venvs: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

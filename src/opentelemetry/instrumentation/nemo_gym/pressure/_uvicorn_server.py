@@ -4,8 +4,10 @@ NeMo Gym serves each of its servers' FastAPI apps with uvicorn (``uvicorn.run`` 
 ``nemo_gym.server_utils``). ``uvicorn.Server.startup`` runs on the serving loop, after the
 app is loaded and before the first connection is accepted; while ``install()`` is in effect it
 first starts the pressure metrics for that loop (``_pressure.start``) and wraps the loaded
-app in ``InFlightApp``, which counts the requests in flight and changes nothing else. The
-lifespan and every connection then run the wrapped app.
+app in ``InFlightApp``, which counts the requests in flight and changes nothing else, around
+``_trace_context.FreshTraceContextApp``, which starts each request from an empty
+OpenTelemetry context (a request's span would otherwise nest under another request's, whose
+context uvicorn may leak into it). The lifespan and every connection then run the wrapped app.
 
 Nothing here imports uvicorn: a post-import hook patches ``Server`` when the application
 imports ``uvicorn.server``, or at once if it already has. ``uninstall()`` restores it.
@@ -22,7 +24,7 @@ from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
-from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
+from opentelemetry.instrumentation.nemo_gym.pressure import _pressure, _trace_context
 
 __all__ = ["MODULE", "install", "uninstall"]
 
@@ -39,14 +41,18 @@ _PROVIDER: Callable[[], metrics.MeterProvider | None] = lambda: None  # noqa: E7
 
 
 def _starting(server: object) -> None:
-    """Start the pressure metrics for this server's loop and count its app's requests."""
+    """Start the pressure metrics for this server's loop and count its app's requests; each
+    request starts from an empty OpenTelemetry context (``_trace_context``)."""
     provider = _PROVIDER()
-    if provider is None or not _pressure.start(provider, asyncio.get_running_loop()):
-        return
+    pressure = provider is not None and _pressure.start(provider, asyncio.get_running_loop())
     config = getattr(server, "config", None)
     app = getattr(config, "loaded_app", None)
-    if app is not None:
-        config.loaded_app = _pressure.wrap_app(app)  # type: ignore[union-attr]
+    if app is None:
+        return
+    app = _trace_context.wrap_app(app)
+    if pressure:
+        app = _pressure.wrap_app(app)
+    config.loaded_app = app  # type: ignore[union-attr]
 
 
 def _startup(

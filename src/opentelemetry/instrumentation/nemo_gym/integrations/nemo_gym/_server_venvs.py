@@ -11,6 +11,14 @@ environment it runs in (at the same versions; a local or editable install by its
 checks that each server interpreter can import the plugin. ``gym env start ...
 +skip_venv_if_present=true`` then uses them as they are.
 
+``--tracing`` (before the ``gym env start`` arguments) is for one trace per rollout: contrib's
+``opentelemetry-instrumentation-aiohttp-client`` and ``-fastapi`` must then be installed here
+(they carry the context from the CLI to the agent and from server to server; installed here,
+they go into every server virtualenv with the rest), and
+``opentelemetry-instrumentation-system-metrics`` (the process metrics) goes into the server
+virtualenvs too, at this environment's ``opentelemetry-instrumentation`` release where it is
+not installed here.
+
 It takes the same arguments as ``gym env start`` and reads the configuration with NeMo Gym's
 own parser, so it needs ``nemo-gym`` installed beside it (as ``gym`` does). Nothing here runs
 at import time of the plugin: ``cli.py`` imports this module only for the subcommand.
@@ -43,6 +51,16 @@ _IMPORT_CHECK = (
 )
 
 
+# What --tracing needs in this environment (the CLI's own spans and context) and, through the
+# copy, in each server's; and what it adds to the servers beside them.
+TRACING_INSTRUMENTATIONS = (
+    "opentelemetry-instrumentation-aiohttp-client",
+    "opentelemetry-instrumentation-fastapi",
+)
+PROCESS_METRICS = "opentelemetry-instrumentation-system-metrics"
+_INSTRUMENTATION = "opentelemetry-instrumentation"
+
+
 @dataclass(frozen=True)
 class ServerVenv:
     """One server's virtualenv as ``gym env start`` will use it."""
@@ -68,6 +86,28 @@ def opentelemetry_requirements() -> list[str]:
     if DISTRIBUTION not in requirements:
         raise RuntimeError(f"{DISTRIBUTION} is not installed in {sys.prefix}")
     return [requirements[name] for name in sorted(requirements)]
+
+
+def tracing_requirements(installed: Sequence[str]) -> list[str]:
+    """What ``--tracing`` adds to ``installed`` (``opentelemetry_requirements()``): the process
+    metrics at this environment's ``opentelemetry-instrumentation`` release, unless installed
+    here already. Raises ``ValueError`` naming what to install when a tracing instrumentation
+    is missing here."""
+    names = {requirement.split("==", 1)[0] for requirement in installed}
+    missing = [name for name in TRACING_INSTRUMENTATIONS if name not in names]
+    if missing:
+        # One pip command with the distro, so that pip picks one contrib release for all
+        # (contrib publishes its packages apart: the newest of one may lack another).
+        raise ValueError(
+            f"--tracing: {', '.join(missing)} not installed in {sys.prefix}; install "
+            f"{' '.join(TRACING_INSTRUMENTATIONS)} beside opentelemetry-distro, in one pip "
+            "command, and run this again"
+        )
+    if PROCESS_METRICS in names:
+        return []
+    # The same release as the instrumentation package, as scripts/test.sh installs it: pip
+    # cannot resolve the newest system-metrics against an older aiohttp-client.
+    return [f"{PROCESS_METRICS}=={importlib.metadata.version(_INSTRUMENTATION)}"]
 
 
 def _requirement(dist: importlib.metadata.Distribution, name: str) -> str:
@@ -181,16 +221,22 @@ def _environment(config_uv_cache: str | None) -> dict[str, str]:
     return env
 
 
-def prepare(argv: Sequence[str], *, requirements: Sequence[str] | None = None) -> int:
-    """Build every server virtualenv of ``gym env start <argv>`` with OpenTelemetry in it.
+def prepare(
+    argv: Sequence[str], *, requirements: Sequence[str] | None = None, tracing: bool = False
+) -> int:
+    """Build every server virtualenv of ``gym env start <argv>`` with OpenTelemetry in it
+    (``tracing``: with ``tracing_requirements()`` too).
 
     Prints one line per server; returns 0 when every server interpreter imports the plugin,
     1 otherwise (the failing server's output is shown above its line). Raises ``ValueError``
     (one line naming the file or argument and the problem) on bad input: a missing or
     malformed configuration file, an argument ``gym env start`` does not take, a
-    configuration without servers; ``RuntimeError`` without NeMo Gym here.
+    configuration without servers, ``tracing`` without its instrumentations here;
+    ``RuntimeError`` without NeMo Gym here.
     """
     wanted = list(requirements) if requirements is not None else opentelemetry_requirements()
+    if tracing:
+        wanted += tracing_requirements(wanted)
     venvs = server_venvs(argv)
     if not venvs:
         raise ValueError("no servers in this configuration")
@@ -238,7 +284,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
             "same arguments and +skip_venv_if_present=true. Exit status 0 when every server "
             "can load the plugin, 1 when a server failed (its output is shown above its line), "
             "2 on bad input (a missing or malformed configuration file, an argument that "
-            "`gym env start` does not take, no servers, no nemo-gym in this environment)."
+            "`gym env start` does not take, no servers, no nemo-gym in this environment, "
+            "--tracing without its instrumentations here)."
+        ),
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help=(
+            "one trace per rollout: needs opentelemetry-instrumentation-aiohttp-client and "
+            "-fastapi installed here (they go into the servers with the rest), and adds "
+            "opentelemetry-instrumentation-system-metrics (the process metrics) to the servers "
+            "at this environment's opentelemetry-instrumentation release; before the gym "
+            "arguments"
         ),
     )
     parser.add_argument(
