@@ -71,6 +71,8 @@ KILL_AFTER_S = (
 UV_CACHE = Path.home() / ".cache" / "nemo-gym-otel" / "uv"
 DEPLOYMENT_PAGE = ROOT / "docs" / "nemo-gym-deployment.md"
 SECTION = "# A NeMo Gym deployment: every server reports"
+# Its companion: how to find a slow rollout in Jaeger, run against this deployment's traces.
+TRACING_PAGE = ROOT / "docs" / "tracing.md"
 # The page's placeholders, which the test fills (and nothing else in its commands).
 CLONE = "~/opentelemetry-instrumentation-nemo-gym"
 WORKING_FOLDER = "~/gym-otel"
@@ -106,6 +108,7 @@ class Deployment:
     server_exit_seconds: list[float]  # SIGINT to exit, per `python app.py` server process
     port_taken: PortTaken
     traces: list[dict[str, Any]]  # Jaeger's traces holding a rollout span (its JSON API)
+    slowest_rollouts: list[str]  # what the tracing page's command printed against this run
     jaeger_services: list[str]
 
 
@@ -209,6 +212,19 @@ def deployment_shells() -> list[str]:
             lines.append(line if continued else line[2:])
             continued = line.endswith("\\")
     return blocks
+
+
+def tracing_page_commands() -> list[str]:
+    """The tracing page's ``console`` commands: each block is one command, a ``$ `` line and
+    the lines that continue it (a pipe into a quoted Python program), exactly as written."""
+    commands = []
+    for block in re.findall(
+        r"```console\n(.*?)```", TRACING_PAGE.read_text(encoding="utf-8"), re.S
+    ):
+        assert block.startswith("$ "), block
+        assert "\n$ " not in block, block
+        commands.append(block[2:])
+    return commands
 
 
 def fill(shells: list[str], values: dict[str, str]) -> list[str]:
@@ -491,6 +507,17 @@ def run_deployment(
         traces, jaeger_services = _settled_rollout_traces(jaeger_query)
         if os.environ.get("NEMO_GYM_DEPLOYMENT_TRACES"):
             Path(os.environ["NEMO_GYM_DEPLOYMENT_TRACES"]).write_text(json.dumps(traces))
+        (find_slow,) = tracing_page_commands()
+        slowest = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", find_slow],
+            cwd=folder,
+            env={**env, "JAEGER_QUERY": jaeger_query},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert slowest.returncode == 0, slowest.stderr[-4000:]
         # Ctrl-C, as a terminal sends it: SIGINT to the whole foreground process group, so to
         # the shell, gym env start and each server. NeMo Gym then also sends SIGINT to each
         # server's shell, kills that shell 1 s later, and shuts down its Ray cluster.
@@ -546,6 +573,7 @@ def run_deployment(
             server_exit_seconds=exit_seconds,
             port_taken=port_taken,
             traces=traces,
+            slowest_rollouts=slowest.stdout.splitlines(),
             jaeger_services=jaeger_services,
         )
     finally:

@@ -33,6 +33,7 @@ from nemo_gym_deployment import (
     EXPORT_INTERVAL,
     HEAD_PORT,
     MODEL_URL,
+    TRACING_PAGE,
     WORKING_FOLDER,
     deployment_section,
     deployment_shells,
@@ -156,12 +157,16 @@ COMMANDS = _each_command_once(PAGE_COMMANDS)
 # The deployment walk-through's commands: run by tests/test_nemo_gym_deployment.py, its two
 # shells in order (the second repeats the first's setup lines, as a user types them again).
 _NEMO_GYM_DEPLOYMENT = {command for command, _ in page_commands(deployment_section())}
+# docs/tracing.md queries the deployment's Jaeger: tests/test_nemo_gym_deployment.py runs it
+# against that run's 300 traces (test_deployment_tracing_page_lists_the_slowest_rollouts).
+_NEMO_GYM_TRACING = {command for command, _ in page_commands(TRACING_PAGE.read_text("utf-8"))}
 RUN_AS_WRITTEN = [
     (command, shown)
     for command, shown in COMMANDS.items()
     if command not in NOT_RUN_HERE
     and command not in INSTALL_SEQUENCE
     and command not in _NEMO_GYM_DEPLOYMENT
+    and command not in _NEMO_GYM_TRACING
 ]
 
 

@@ -255,3 +255,21 @@ def test_deployment_every_server_lag_and_process_metrics(deployment: Deployment)
         assert LAG_COUNT in series, (server, sorted(series)[:40])
         missing = [name for name in PROCESS_SERIES if name not in series]
         assert not missing, (server, missing)
+
+
+def test_deployment_tracing_page_lists_the_slowest_rollouts(deployment: Deployment) -> None:
+    """docs/tracing.md's command, run against this run's Jaeger, prints the ten slowest
+    rollouts, slowest first, each with its task, repeat and the id of its trace."""
+    roots = {}
+    for trace in deployment.traces:
+        (root,) = [s for s in trace["spans"] if not s["references"]]
+        task = _tag(root, "nemo.gym.rollout.task_index")
+        repeat = _tag(root, "nemo.gym.rollout.rollout_index")
+        roots[trace["traceID"]] = (root["duration"] / 1e6, task, repeat)
+    expected = [
+        f"{seconds:6.2f} s  task {task} repeat {repeat}  {trace_id}"
+        for seconds, task, repeat, trace_id in sorted(
+            ((*row, trace_id) for trace_id, row in roots.items()), reverse=True
+        )[:10]
+    ]
+    assert deployment.slowest_rollouts == expected
