@@ -334,7 +334,7 @@ def rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
     services: list[str] = _jaeger(query, "/api/services")["data"] or []
     traces: dict[str, dict[str, Any]] = {}
     for service in services:
-        named = urllib.parse.quote(service)
+        named = urllib.parse.quote(service, safe="")  # service names hold a slash (nemo-gym/...)
         operations = _jaeger(query, f"/api/services/{named}/operations")["data"] or []
         if ROLLOUT_SPAN not in [o["name"] if isinstance(o, dict) else o for o in operations]:
             continue
