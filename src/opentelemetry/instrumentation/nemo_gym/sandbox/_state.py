@@ -237,6 +237,7 @@ class SandboxState:
         self._interval_s = _checked_interval(interval_s)
         self._version = instrumentation_version
         self._tracer: trace.Tracer | None = None
+        self._tracer_of: trace.TracerProvider | None = None
         self.registry = SandboxRegistry()
         self.processor: SandboxSpanProcessor | None = None
         # The provider classes this state auto-traces: class -> {method: installed wrapper}.
@@ -253,11 +254,13 @@ class SandboxState:
     @property
     def tracer(self) -> trace.Tracer:
         """The tracer of scope ``opentelemetry.instrumentation.nemo_gym`` on this state's
-        provider (made once for a given provider; through the global one otherwise)."""
-        if self._tracer_provider is None:
-            return trace.get_tracer(SCOPE_NAME, self._version)
-        if self._tracer is None:
-            self._tracer = self._tracer_provider.get_tracer(SCOPE_NAME, self._version)
+        provider as it is now (made once per provider, the global one included)."""
+        provider = self.tracer_provider
+        # Kept with the provider it came from: the global one may be set or replaced later,
+        # and asking a provider for a tracer costs more than a record's span.
+        if self._tracer is None or self._tracer_of is not provider:
+            self._tracer = provider.get_tracer(SCOPE_NAME, self._version)
+            self._tracer_of = provider
         return self._tracer
 
     @property

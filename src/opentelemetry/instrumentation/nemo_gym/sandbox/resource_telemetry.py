@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from opentelemetry import context
@@ -190,6 +191,10 @@ class ResourceSampler:
         self._last_sample: dict[str, Attribute] | None = None
         # Read now: a close may forget the sandbox before the allocation record is answered.
         self._requested = self._requested_resources()
+        nowait = getattr(provider, "resource_sample_nowait", None)
+        self._sample_nowait: Callable[[SandboxHandle], Mapping[str, object] | None] | None = (
+            nowait if callable(nowait) else None
+        )
 
     @property
     def _provider_label(self) -> str:
@@ -250,12 +255,14 @@ class ResourceSampler:
         start: dict[str, Attribute] = dict(self.attributes)
         start[PREFIX + "resource.kind"] = kind
         start[PREFIX + "resource.final"] = bool(final)
-        span = self._state.tracer.start_span(
-            RECORD_SPAN_NAME, context=self._context, attributes=start
-        )
-        data: dict[str, Attribute]
+        # The span is made once its attributes are all known (one attribute set for the SDK
+        # to check instead of two), dated from before the provider was asked.
+        start_time = time.time_ns()
+        data: dict[str, Attribute] = {}
         try:
-            answer = await _bounded(call(self._handle), timeout)
+            answer: Any = self._sample_now() if kind == "sample" else None
+            if answer is None:
+                answer = await _bounded(call(self._handle), timeout)
             if isinstance(answer, ResourcesUnknown):
                 # Unknown, and why: never a figure, so nothing to compare or count either.
                 area = "allocation" if kind == "allocation" else "usage"
@@ -266,18 +273,29 @@ class ResourceSampler:
             else:
                 data = sample_attributes(answer)
                 self._feed_usage_metrics(data)
-            # The provider's answer never overrides the sandbox's identity.
-            span.set_attributes({k: v for k, v in data.items() if k not in start})
         except asyncio.CancelledError:
             # stop() cancelled a periodic record while the provider was answering: the record
             # says so instead of being exported as an empty sample, and cancellation goes on.
-            span.set_attribute(PREFIX + "resource.error", "CancelledError")
+            data = {PREFIX + "resource.error": "CancelledError"}
             raise
         except Exception as exc:  # noqa: BLE001 - a failed provider call is part of the record
-            span.set_attribute(PREFIX + "resource.error", type(exc).__name__)
+            data = {PREFIX + "resource.error": type(exc).__name__}
             log_failure(f"sandbox resource {kind} record", exc, self._key[0])
         finally:
-            span.end()
+            # The provider's answer never overrides the sandbox's identity.
+            for key, value in data.items():
+                start.setdefault(key, value)
+            self._state.tracer.start_span(
+                RECORD_SPAN_NAME, context=self._context, attributes=start, start_time=start_time
+            ).end()
+
+    def _sample_now(self) -> Mapping[str, object] | None:
+        """The provider's sample when it can be read without waiting (its optional
+        ``resource_sample_nowait``: a cgroup's kernel files), else ``None``: the caller
+        awaits ``resource_sample``, bounded in time."""
+        if self._sample_nowait is None:
+            return None
+        return self._sample_nowait(self._handle)
 
     def _release_reader(self) -> None:
         """Tell a resource reader (``readers``) that has ``release`` the sandbox is done."""

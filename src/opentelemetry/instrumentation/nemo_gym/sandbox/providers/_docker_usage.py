@@ -116,6 +116,24 @@ class ContainerUsage:
         """Drop what is known about a container (it was removed)."""
         self._located.pop(container_id, None)
 
+    def sample_nowait(self, container_id: str) -> dict[str, Attribute] | None:
+        """The sample ``sample`` would give when the container's cgroup answers it alone (a
+        located cgroup, readable, with processes in it), read synchronously; else ``None``
+        (the engine is needed: ``sample`` asks it). Never raises for a missing cgroup."""
+        located = self._located.get(container_id)
+        if located is None or located.cgroup is None:
+            return None
+        usage = cgroup_usage(located.cgroup)
+        if usage is None or usage.get("pids") == 0:
+            return None  # gone or ended: ``sample`` tells how, from the engine
+        kills = usage.get("oom_kills")
+        if isinstance(kills, int):
+            located.oom_kills = kills
+        sample: dict[str, Attribute] = {"usage.source": located.cgroup.source}
+        for quantity, value in usage.items():
+            sample["usage." + quantity] = value
+        return sample
+
     async def sample(self, container_id: str) -> dict[str, Attribute]:
         """One usage sample (keys ``usage.*``), from the cgroup where possible.
 
@@ -139,7 +157,7 @@ class ContainerUsage:
                 kills = usage.get("oom_kills")
                 if isinstance(kills, int):
                     located.oom_kills = kills
-                sample: dict[str, Attribute] = {"usage.source": f"cgroup.v{located.cgroup.version}"}
+                sample: dict[str, Attribute] = {"usage.source": located.cgroup.source}
                 sample.update({"usage." + k: v for k, v in usage.items()})
                 if usage.get("pids") == 0:
                     # No process left: the container has ended; the engine says how.
