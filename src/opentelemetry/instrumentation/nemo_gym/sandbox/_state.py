@@ -238,6 +238,8 @@ class SandboxState:
         self._version = instrumentation_version
         self._tracer: trace.Tracer | None = None
         self._tracer_of: trace.TracerProvider | None = None
+        self._fleet: tuple[metrics.MeterProvider, SandboxFleetMetrics] | None = None
+        self._lifecycle: tuple[metrics.MeterProvider, SandboxLifecycleMetrics] | None = None
         self.registry = SandboxRegistry()
         self.processor: SandboxSpanProcessor | None = None
         # The provider classes this state auto-traces: class -> {method: installed wrapper}.
@@ -273,21 +275,32 @@ class SandboxState:
     def fleet_metrics(self) -> SandboxFleetMetrics | None:
         """The fleet counters of this state's meter provider (one set per provider, made on
         first use), or ``None`` when that provider cannot make them (logged once)."""
+        provider = self.meter_provider
+        # Every usage sample asks: the last answer is kept with the provider it came from.
+        if self._fleet is not None and self._fleet[0] is provider:
+            return self._fleet[1]
         try:
-            return SandboxFleetMetrics.of(self.meter_provider, version=self._version)
+            fleet = SandboxFleetMetrics.of(provider, version=self._version)
         except Exception as exc:  # noqa: BLE001 - no counters is better than a failed sandbox
             log_failure("creating the sandbox fleet metrics", exc)
             return None
+        self._fleet = (provider, fleet)
+        return fleet
 
     def lifecycle_metrics(self) -> SandboxLifecycleMetrics | None:
         """The lifecycle and usage instruments of this state's meter provider (one set per
         provider, made on first use), or ``None`` when that provider cannot make them (logged
         once)."""
+        provider = self.meter_provider
+        if self._lifecycle is not None and self._lifecycle[0] is provider:
+            return self._lifecycle[1]
         try:
-            return SandboxLifecycleMetrics.of(self.meter_provider, version=self._version)
+            lifecycle = SandboxLifecycleMetrics.of(provider, version=self._version)
         except Exception as exc:  # noqa: BLE001 - no metrics is better than a failed sandbox
             log_failure("creating the sandbox lifecycle metrics", exc)
             return None
+        self._lifecycle = (provider, lifecycle)
+        return lifecycle
 
     @property
     def interval_s(self) -> float:

@@ -44,6 +44,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
     allocation_attributes,
     amount_attributes,
+    changed_attributes,
     record_request,
     requested_attributes,
     sample_attributes,
@@ -81,6 +82,13 @@ __all__ = [
 LOGGER = logging.getLogger(__name__)
 
 RECORD_SPAN_NAME = "sandbox.resources"
+
+# A sample record leaves out the figures that did not change since the sandbox's previous
+# sample, and says so with this attribute; one sample in this many goes whole all the same
+# (at the default 10 s interval, once a minute), so a reader that lost a record, or looks at
+# a short window, has every figure within that many records.
+PARTIAL = PREFIX + "resource.partial"
+WHOLE_SAMPLE_EVERY = 6
 
 # The longest one provider call may take inside a record. The one-off allocation read gets all
 # of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
@@ -189,6 +197,8 @@ class ResourceSampler:
         # This sampler's last usage sample: OOM kills are counted as the difference to it.
         # One sampler owns a sandbox's samples, so this is the sandbox's previous sample.
         self._last_sample: dict[str, Attribute] | None = None
+        # Partial sample records since the last whole one (see _recorded_figures).
+        self._partial_run = 0
         # Read now: a close may forget the sandbox before the allocation record is answered.
         self._requested = self._requested_resources()
         nowait = getattr(provider, "resource_sample_nowait", None)
@@ -221,6 +231,22 @@ class ResourceSampler:
         if fleet is None:
             return container_identity(allocation)
         return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
+
+    def _recorded_figures(self, sample: dict[str, Attribute], final: bool) -> dict[str, Attribute]:
+        """What a sample record carries of ``sample``: all of it (the first, the final, every
+        ``WHOLE_SAMPLE_EVERY``-th, one that lacks a figure the previous one had, and one
+        whose figures all changed), else the figures that changed since the previous sample,
+        with ``resource.partial = true``."""
+        previous = self._last_sample
+        changed = None
+        if not final and previous is not None and self._partial_run < WHOLE_SAMPLE_EVERY - 1:
+            changed = changed_attributes(previous, sample)
+        if changed is None or len(changed) == len(sample):
+            self._partial_run = 0
+            return sample
+        self._partial_run += 1
+        changed[PARTIAL] = True
+        return changed
 
     def _feed_usage_metrics(self, sample: dict[str, Attribute]) -> None:
         """Feed a usage sample to the fleet counters (OOM kills) and the usage totals (CPU
@@ -271,8 +297,12 @@ class ResourceSampler:
                 data = allocation_attributes(answer)
                 data.update(self._allocation_extras(answer))
             else:
-                data = sample_attributes(answer)
-                self._feed_usage_metrics(data)
+                sample = sample_attributes(answer)
+                if not start.keys().isdisjoint(sample):
+                    # The provider's answer never overrides the sandbox's identity.
+                    sample = {k: v for k, v in sample.items() if k not in start}
+                data = self._recorded_figures(sample, final)
+                self._feed_usage_metrics(sample)
         except asyncio.CancelledError:
             # stop() cancelled a periodic record while the provider was answering: the record
             # says so instead of being exported as an empty sample, and cancellation goes on.
