@@ -232,21 +232,24 @@ class ResourceSampler:
             return container_identity(allocation)
         return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
 
-    def _recorded_figures(self, sample: dict[str, Attribute], final: bool) -> dict[str, Attribute]:
-        """What a sample record carries of ``sample``: all of it (the first, the final, every
-        ``WHOLE_SAMPLE_EVERY``-th, one that lacks a figure the previous one had, and one
-        whose figures all changed), else the figures that changed since the previous sample,
-        with ``resource.partial = true``."""
-        previous = self._last_sample
-        changed = None
-        if not final and previous is not None and self._partial_run < WHOLE_SAMPLE_EVERY - 1:
-            changed = changed_attributes(previous, sample)
-        if changed is None or len(changed) == len(sample):
+    def _recorded_figures(
+        self, sample: dict[str, Attribute], changed: dict[str, Attribute] | None, final: bool
+    ) -> dict[str, Attribute]:
+        """What a sample record carries of ``sample``, given what ``changed`` since the
+        previous sample (``None``: no previous one, or it had a figure ``sample`` lacks):
+        all of it (the first, the final, every ``WHOLE_SAMPLE_EVERY``-th, one that lacks a
+        figure the previous one had, and one whose figures all changed), else the figures
+        that changed, with ``resource.partial = true``."""
+        if (
+            final
+            or changed is None
+            or len(changed) == len(sample)
+            or self._partial_run >= WHOLE_SAMPLE_EVERY - 1
+        ):
             self._partial_run = 0
             return sample
         self._partial_run += 1
-        changed[PARTIAL] = True
-        return changed
+        return {**changed, PARTIAL: True}
 
     def _feed_usage_metrics(self, sample: dict[str, Attribute]) -> None:
         """Feed a usage sample to the fleet counters (OOM kills) and the usage totals (CPU
@@ -301,8 +304,13 @@ class ResourceSampler:
                 if not start.keys().isdisjoint(sample):
                     # The provider's answer never overrides the sandbox's identity.
                     sample = {k: v for k, v in sample.items() if k not in start}
-                data = self._recorded_figures(sample, final)
-                self._feed_usage_metrics(sample)
+                previous = self._last_sample
+                changed = None if previous is None else changed_attributes(previous, sample)
+                if changed != {}:
+                    # A sample equal to the previous one adds no CPU time, no memory mark
+                    # and no OOM kill: the metrics are fed only what may move them.
+                    self._feed_usage_metrics(sample)
+                data = self._recorded_figures(sample, changed, final)
         except asyncio.CancelledError:
             # stop() cancelled a periodic record while the provider was answering: the record
             # says so instead of being exported as an empty sample, and cancellation goes on.
