@@ -457,8 +457,8 @@ def _print(result: dict[str, Any]) -> None:
         f"{config['export']}; {FLEET:,} sandboxes projected at {interval:g} s and 1 s{hogs}\n"
     )
     print(
-        f"| source | sandboxes | sample µs | engine µs | record µs | total µs | "
-        f"this process, end to end µs | {FLEET:,} every {interval:g} s | {FLEET:,} every 1 s | live |"
+        f"| source | sandboxes | sample µs | engine µs | record µs | total µs | this "
+        f"process, end to end µs | {FLEET:,} every {interval:g} s | {FLEET:,} every 1 s | live |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in result["results"]:
