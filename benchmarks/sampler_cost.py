@@ -254,21 +254,27 @@ async def _record_us(
 async def _end_to_end_us(provider: Any, handles: list[Any], rounds: int) -> float:
     """This process's CPU per ``ResourceSampler.record("sample")`` with the source itself:
     the sample and its record as live samplers take them (one sampler per sandbox, all of
-    them at once as samplers of one interval meet, then a flush of the spans), median over
-    ``rounds`` ticks after a warm-up. The engine's CPU is not in it."""
+    them at once as samplers of one interval meet), over ``rounds`` ticks after a warm-up,
+    the spans exported as the batch processor would (flushed every ``_FLUSH_EVERY`` or so,
+    and at the end). The engine's CPU is not in it."""
     samplers = [
         ResourceSampler(provider, h, _identity(getattr(provider, "name", "docker")), 10.0)
         for h in handles
     ]
     tracer_provider = trace.get_tracer_provider()
-    per_tick: list[float] = []
-    for tick in range(rounds + 1):
-        start = _cpu_s()
+    # The warm-up, and every sandbox's whole first sample.
+    await asyncio.gather(*(sampler.record("sample") for sampler in samplers))
+    tracer_provider.force_flush()  # type: ignore[attr-defined]
+    unflushed = 0
+    start = _cpu_s()
+    for _ in range(rounds):
         await asyncio.gather(*(sampler.record("sample") for sampler in samplers))
-        tracer_provider.force_flush()  # type: ignore[attr-defined]
-        if tick > 0:  # the first is the warm-up, and every sandbox's whole first sample
-            per_tick.append((_cpu_s() - start) / len(handles))
-    return median(per_tick) * 1e6
+        unflushed += len(samplers)
+        if unflushed >= _FLUSH_EVERY:
+            tracer_provider.force_flush()  # type: ignore[attr-defined]
+            unflushed = 0
+    tracer_provider.force_flush()  # type: ignore[attr-defined]
+    return (_cpu_s() - start) / (rounds * len(handles)) * 1e6
 
 
 def _bare_span_us(sample: Mapping[str, Any], count: int) -> float:
