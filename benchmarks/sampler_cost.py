@@ -324,7 +324,10 @@ async def _row(
     )
     total = row["plugin_us"] + (row["engine_us"] or 0.0) + row["record_us"]
     row["total_us"] = total
-    row["end_to_end_us"] = await _end_to_end_us(provider, handles, args.rounds)
+    # As many samples as the record column times (at least --rounds ticks): a few
+    # containers' ticks alone would be too short a window to time.
+    ticks = max(args.rounds, -(-args.records // len(handles)))
+    row["end_to_end_us"] = await _end_to_end_us(provider, handles, ticks)
     row["fleet_share_default"] = FLEET * total / 1e6 / args.interval
     row["fleet_share_1s"] = FLEET * total / 1e6
     if args.live_seconds > 0:
