@@ -9,6 +9,13 @@ the edge that emits them,
 context the sandbox was created in, on the tracer of the sandbox state current then
 (``_state``: the instrumentor's tracer provider, else the global one).
 
+A usage sample's record leaves out the figures that did not change since the sandbox's
+previous sample (``resource.partial = true``); the first, the final and every
+``WHOLE_SAMPLE_EVERY``-th go whole. A provider may offer ``resource_sample_nowait(handle)``
+beside ``resource_sample``: the sample read without waiting (a cgroup's kernel files), or
+``None``; the sampler takes it first and awaits ``resource_sample`` only when it answers
+``None``.
+
 Records are best effort: a provider that raises or hangs still yields a record, carrying
 ``resource.error`` (the exception's type, never its text), and its exception never reaches
 the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
@@ -266,7 +273,11 @@ class ResourceSampler:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
 
         The span carries the identity attributes, ``resource.kind``, ``resource.final`` and
-        the provider's answer; when the provider raises or times out it carries
+        the provider's answer; of a sample, only the figures that changed since the previous
+        sample, with ``resource.partial = true``, unless it goes whole (the first, the final,
+        every ``WHOLE_SAMPLE_EVERY``-th: see ``_recorded_figures``). A sample comes from the
+        provider's ``resource_sample_nowait`` where it has one and answers, else from an
+        awaited ``resource_sample``. When the provider raises or times out the span carries
         ``resource.error`` (the exception's type name) instead, and nothing is raised. Inside
         OpenTelemetry's ``suppress_instrumentation`` nothing is read or recorded. An unknown
         ``kind`` raises ``ValueError``.
