@@ -324,9 +324,12 @@ async def _row(
     )
     total = row["plugin_us"] + (row["engine_us"] or 0.0) + row["record_us"]
     row["total_us"] = total
-    # As many samples as the record column times (at least --rounds ticks): a few
-    # containers' ticks alone would be too short a window to time.
-    ticks = max(args.rounds, -(-args.records // len(handles)))
+    # A source read without waiting: as many samples as the record column times (a few
+    # containers' ticks alone would be too short a window to time). Others wait on the
+    # engine or a scan (a `docker stats` takes seconds): --rounds ticks.
+    ticks = args.rounds
+    if row["nowait"]:
+        ticks = max(ticks, -(-args.records // len(handles)))
     row["end_to_end_us"] = await _end_to_end_us(provider, handles, ticks)
     row["fleet_share_default"] = FLEET * total / 1e6 / args.interval
     row["fleet_share_1s"] = FLEET * total / 1e6
