@@ -165,20 +165,21 @@ async def _sandboxes(provider: Any, count: int, spec: SandboxSpec) -> AsyncItera
             await provider.aclose()
 
 
-async def _tick(provider: Any, handles: list[Any]) -> list[Any]:
+async def _tick(provider: Any, handles: list[Any]) -> tuple[list[Any], bool]:
     """Every sandbox's sample, as ``ResourceSampler.record`` takes it: without waiting where
     the provider can (``resource_sample_nowait``), else all awaited at once (``gather``,
-    the way samplers of one interval meet)."""
+    the way samplers of one interval meet); and whether every one came without waiting."""
     nowait = getattr(provider, "resource_sample_nowait", None)
     if nowait is None:
-        return list(await asyncio.gather(*(provider.resource_sample(h) for h in handles)))
+        samples = list(await asyncio.gather(*(provider.resource_sample(h) for h in handles)))
+        return samples, False
     samples = [nowait(h) for h in handles]
     missing = [i for i, sample in enumerate(samples) if sample is None]
     if missing:
         awaited = await asyncio.gather(*(provider.resource_sample(handles[i]) for i in missing))
         for i, sample in zip(missing, awaited, strict=True):
             samples[i] = sample
-    return samples
+    return samples, not missing
 
 
 async def _ticks(
@@ -186,13 +187,13 @@ async def _ticks(
 ) -> dict[str, Any]:
     """Plugin and engine CPU per sample over ``rounds`` ticks of every sandbox at once, and
     the first sandbox's successive samples."""
-    first = await _tick(provider, handles)  # warm-up
+    first, without_waiting = await _tick(provider, handles)  # warm-up
     sequence = [sample_keys(first[0])]
     per_tick: list[float] = []
     engine_before = tree_cpu_s(engine_pid) if engine_pid else None
     for _ in range(rounds):
         start = _cpu_s()
-        samples = await _tick(provider, handles)
+        samples, _ = await _tick(provider, handles)
         per_tick.append((_cpu_s() - start) / len(handles))
         sequence.append(sample_keys(samples[0]))
     engine_after = tree_cpu_s(engine_pid) if engine_pid else None
@@ -202,7 +203,7 @@ async def _ticks(
     sample = sequence[0]
     return {
         "usage_source": sample.get(PREFIX + "usage.source"),
-        "nowait": hasattr(provider, "resource_sample_nowait"),
+        "nowait": without_waiting,
         "plugin_us": median(per_tick) * 1e6,
         "engine_us": engine_us,
         "sample": {k: v for k, v in sample.items() if isinstance(v, str | int | float | bool)},
