@@ -48,12 +48,14 @@ import contextlib
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import _dockerstats
 from _common import machine as machine_facts
 from _common import median, require_at_least, run_and_report
 from _sampler_parts import (
@@ -88,6 +90,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 DEFAULT_IMAGE = "localhost/nemo-gym-busybox:latest"
 LIVE_INTERVAL_S = 1.0
 FLEET = 1000
+# Records between flushes: fewer than the batch span processor's queue holds (2,048).
+_FLUSH_EVERY = 500
 
 
 class _StatsOnlyDocker(DockerSandboxProvider):
@@ -97,18 +101,29 @@ class _StatsOnlyDocker(DockerSandboxProvider):
 
 
 class _Answering:
-    """A provider whose sample is a fixed answer: what is left is the record's own cost."""
+    """A provider that answers a source's real samples again, in the order one sandbox gave
+    them (round and round): what is left is the record's own cost, with figures that change
+    as often as they did. ``nowait``: it answers the way the source does, without waiting
+    (``resource_sample_nowait``), so the record takes the same path."""
 
     name = "docker"
 
-    def __init__(self, sample: Mapping[str, Any]) -> None:
-        self._sample = dict(sample)
+    def __init__(self, samples: list[Mapping[str, Any]], nowait: bool) -> None:
+        self._samples = [dict(sample) for sample in samples]
+        self._next = 0
+        if nowait:
+            self.resource_sample_nowait = self._now
 
     async def resource_allocation(self, handle: SandboxHandle) -> Any:
         raise NotImplementedError
 
+    def _now(self, handle: SandboxHandle) -> dict[str, Any]:
+        sample = self._samples[self._next % len(self._samples)]
+        self._next += 1
+        return dict(sample)
+
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Any]:
-        return dict(self._sample)
+        return self._now(handle)
 
 
 class _StatsOnlyCli(DockerCliReader):
@@ -150,27 +165,55 @@ async def _sandboxes(provider: Any, count: int, spec: SandboxSpec) -> AsyncItera
             await provider.aclose()
 
 
+async def _tick(provider: Any, handles: list[Any]) -> tuple[list[Any], bool]:
+    """Every sandbox's sample, as ``ResourceSampler.record`` takes it: without waiting where
+    the provider can (``resource_sample_nowait``), else all awaited at once (``gather``,
+    the way samplers of one interval meet); and whether every one came without waiting."""
+    nowait = getattr(provider, "resource_sample_nowait", None)
+    if nowait is None:
+        samples = list(await asyncio.gather(*(provider.resource_sample(h) for h in handles)))
+        return samples, False
+    samples = [nowait(h) for h in handles]
+    missing = [i for i, sample in enumerate(samples) if sample is None]
+    if missing:
+        awaited = await asyncio.gather(*(provider.resource_sample(handles[i]) for i in missing))
+        for i, sample in zip(missing, awaited, strict=True):
+            samples[i] = sample
+    return samples, not missing
+
+
 async def _ticks(
     provider: Any, handles: list[Any], rounds: int, engine_pid: int | None
 ) -> dict[str, Any]:
-    """Plugin and engine CPU per sample over ``rounds`` ticks of every sandbox at once."""
-    first = await asyncio.gather(*(provider.resource_sample(h) for h in handles))  # warm-up
+    """Plugin and engine CPU per sample over ``rounds`` ticks of every sandbox at once, and
+    the first sandbox's successive samples."""
+    # The warm-up; it also locates containers a reader first sees now (by waiting).
+    first, _ = await _tick(provider, handles)
+    sequence = [sample_keys(first[0])]
+    without_waiting = True
     per_tick: list[float] = []
     engine_before = tree_cpu_s(engine_pid) if engine_pid else None
     for _ in range(rounds):
         start = _cpu_s()
-        await asyncio.gather(*(provider.resource_sample(h) for h in handles))
+        samples, answered_now = await _tick(provider, handles)
+        without_waiting = without_waiting and answered_now
         per_tick.append((_cpu_s() - start) / len(handles))
+        sequence.append(sample_keys(samples[0]))
     engine_after = tree_cpu_s(engine_pid) if engine_pid else None
     engine_us = None
     if engine_before is not None and engine_after is not None:
         engine_us = (engine_after - engine_before) / (rounds * len(handles)) * 1e6
-    sample = sample_keys(first[0])
+    sample = sequence[0]
     return {
         "usage_source": sample.get(PREFIX + "usage.source"),
+        "nowait": without_waiting,
         "plugin_us": median(per_tick) * 1e6,
         "engine_us": engine_us,
         "sample": {k: v for k, v in sample.items() if isinstance(v, str | int | float | bool)},
+        "sequence": [
+            {k: v for k, v in one.items() if isinstance(v, str | int | float | bool)}
+            for one in sequence
+        ],
     }
 
 
@@ -182,42 +225,75 @@ def _identity(provider_name: str) -> dict[str, Any]:
     }
 
 
-async def _record_us(sample: Mapping[str, Any], count: int) -> float:
-    """CPU per ``ResourceSampler.record("sample")`` of ``sample``, exported and flushed."""
+async def _record_us(
+    samples: list[Mapping[str, Any]],
+    count: int,
+    exporter: EncodingSpanExporter,
+    *,
+    nowait: bool,
+    final: bool = False,
+) -> float:
+    """CPU per ``ResourceSampler.record("sample")`` of ``samples`` replayed, exported and
+    flushed (``final``: every record whole, as a final one is). Flushed every
+    ``_FLUSH_EVERY`` records, so the exporter's queue never drops one (checked)."""
     handle = SandboxHandle("benchmark", "docker", None)
-    sampler = ResourceSampler(_Answering(sample), handle, _identity("docker"), 10.0)
+    sampler = ResourceSampler(_Answering(samples, nowait), handle, _identity("docker"), 10.0)
     provider = trace.get_tracer_provider()
     for _ in range(min(count, 100)):  # warm-up
-        await sampler.record("sample")
+        await sampler.record("sample", final=final)
     provider.force_flush()  # type: ignore[attr-defined]
+    exported = exporter.samples
     start = time.process_time()
-    for _ in range(count):
-        await sampler.record("sample")
+    for done in range(1, count + 1):
+        await sampler.record("sample", final=final)
+        if done % _FLUSH_EVERY == 0:
+            provider.force_flush()  # type: ignore[attr-defined]
     provider.force_flush()  # type: ignore[attr-defined]
-    return (time.process_time() - start) / count * 1e6
+    spent = time.process_time() - start
+    if exporter.samples - exported != count:
+        raise RuntimeError(f"{count - (exporter.samples - exported)} records were dropped")
+    return spent / count * 1e6
 
 
-def _alternatives_us(sample: Mapping[str, Any], count: int) -> dict[str, float]:
-    """CPU per sample of what could replace a full record: a bare span with the same
-    attributes (no sampler machinery), and dropping a sample equal to the previous one."""
+async def _end_to_end_us(provider: Any, handles: list[Any], rounds: int) -> float:
+    """This process's CPU per ``ResourceSampler.record("sample")`` with the source itself:
+    the sample and its record as live samplers take them (one sampler per sandbox, all of
+    them at once as samplers of one interval meet), over ``rounds`` ticks after a warm-up,
+    the spans exported as the batch processor would (flushed every ``_FLUSH_EVERY`` or so,
+    and at the end). The engine's CPU is not in it."""
+    samplers = [
+        ResourceSampler(provider, h, _identity(getattr(provider, "name", "docker")), 10.0)
+        for h in handles
+    ]
+    tracer_provider = trace.get_tracer_provider()
+    # The warm-up, and every sandbox's whole first sample.
+    await asyncio.gather(*(sampler.record("sample") for sampler in samplers))
+    tracer_provider.force_flush()  # type: ignore[attr-defined]
+    unflushed = 0
+    start = _cpu_s()
+    for _ in range(rounds):
+        await asyncio.gather(*(sampler.record("sample") for sampler in samplers))
+        unflushed += len(samplers)
+        if unflushed >= _FLUSH_EVERY:
+            tracer_provider.force_flush()  # type: ignore[attr-defined]
+            unflushed = 0
+    tracer_provider.force_flush()  # type: ignore[attr-defined]
+    return (_cpu_s() - start) / (rounds * len(handles)) * 1e6
+
+
+def _bare_span_us(sample: Mapping[str, Any], count: int) -> float:
+    """CPU per bare span with a whole record's attributes (no sampler machinery)."""
     tracer = trace.get_tracer("sampler_cost")
     attributes = {**_identity("docker"), **sample}
     provider = trace.get_tracer_provider()
     provider.force_flush()  # type: ignore[attr-defined]
     start = time.process_time()
-    for _ in range(count):
+    for done in range(1, count + 1):
         tracer.start_span("sandbox.resources", attributes=attributes).end()
+        if done % _FLUSH_EVERY == 0:
+            provider.force_flush()  # type: ignore[attr-defined]
     provider.force_flush()  # type: ignore[attr-defined]
-    bare = (time.process_time() - start) / count * 1e6
-    previous = dict(sample)
-    start = time.process_time()
-    skipped = 0
-    for _ in range(count):
-        if dict(sample) == previous:
-            skipped += 1
-    unchanged = (time.process_time() - start) / count * 1e6
-    assert skipped == count
-    return {"bare_span_us": bare, "unchanged_skipped_us": unchanged}
+    return (time.process_time() - start) / count * 1e6
 
 
 async def _live_share(provider: Any, handles: list[Any], seconds: float) -> float:
@@ -242,13 +318,23 @@ async def _row(
     provider: Any,
     handles: list[Any],
     args: argparse.Namespace,
+    exporter: EncodingSpanExporter,
     engine_pid: int | None = None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"source": label, "sandboxes": len(handles)}
     row.update(await _ticks(provider, handles, args.rounds, engine_pid))
-    row["record_us"] = await _record_us(row["sample"], args.records)
+    row["record_us"] = await _record_us(
+        row["sequence"], args.records, exporter, nowait=row["nowait"]
+    )
     total = row["plugin_us"] + (row["engine_us"] or 0.0) + row["record_us"]
     row["total_us"] = total
+    # A source read without waiting: as many samples as the record column times (a few
+    # containers' ticks alone would be too short a window to time). Others wait on the
+    # engine or a scan (a `docker stats` takes seconds): --rounds ticks.
+    ticks = args.rounds
+    if row["nowait"]:
+        ticks = max(ticks, -(-args.records // len(handles)))
+    row["end_to_end_us"] = await _end_to_end_us(provider, handles, ticks)
     row["fleet_share_default"] = FLEET * total / 1e6 / args.interval
     row["fleet_share_1s"] = FLEET * total / 1e6
     if args.live_seconds > 0:
@@ -257,6 +343,12 @@ async def _row(
 
 
 async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    collector_binary = None
+    if args.dockerstats_binary:
+        collector_binary = args.dockerstats_binary
+    elif args.dockerstats:
+        collector_binary = await asyncio.to_thread(_dockerstats.build)
+    dockerstats: dict[str, Any] | None = None
     exporter = EncodingSpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -273,10 +365,10 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
     else:
         label = f"process (cgroup v{cgroup_provider.cgroup_version})"
         async with _sandboxes(cgroup_provider, args.sandboxes, spec) as handles:
-            rows.append(await _row(label, cgroup_provider, handles, args))
+            rows.append(await _row(label, cgroup_provider, handles, args, exporter))
     proc_provider = ProcessSandboxProvider(cgroups=False)
     async with _sandboxes(proc_provider, args.sandboxes, SandboxSpec()) as handles:
-        rows.append(await _row("process (/proc)", proc_provider, handles, args))
+        rows.append(await _row("process (/proc)", proc_provider, handles, args, exporter))
 
     socket_path = engine_socket(args.engine_socket) if args.docker_sandboxes > 0 else None
     if socket_path is None:
@@ -289,14 +381,20 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
         engine_pid = serving_pid(socket_path)
         docker = DockerSandboxProvider(f"unix://{socket_path}")
         stats = _StatsOnlyDocker(f"unix://{socket_path}")
-        container_spec = SandboxSpec(image=args.image, resources=spec.resources)
+        image = args.image
+        if collector_binary is not None:
+            # A name of their own, so that the collector watches these containers only.
+            image = _dockerstats.tagged_image(socket_path, args.image)
+        container_spec = SandboxSpec(image=image, resources=spec.resources)
         try:
             async with _sandboxes(docker, args.docker_sandboxes, container_spec) as handles:
                 first = await docker.resource_sample(handles[0])
                 source = str(sample_keys(first)[PREFIX + "usage.source"])
                 label = f"docker ({source.replace('.', ' ')})"
-                rows.append(await _row(label, docker, handles, args, engine_pid))
-                rows.append(await _row("docker (stats)", stats, handles, args, engine_pid))
+                rows.append(await _row(label, docker, handles, args, exporter, engine_pid))
+                rows.append(
+                    await _row("docker (stats)", stats, handles, args, exporter, engine_pid)
+                )
                 binary = shutil.which("docker")
                 if binary is None:
                     skipped["docker CLI"] = "no docker CLI on PATH"
@@ -307,18 +405,38 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     first = await cli.resource_sample(handles[0])
                     source = str(sample_keys(first)[PREFIX + "usage.source"])
                     label = f"docker CLI ({source.replace('.', ' ')})"
-                    rows.append(await _row(label, cli, handles, args, engine_pid))
+                    rows.append(await _row(label, cli, handles, args, exporter, engine_pid))
                     stats_cli = _StatsOnlyCli(_Cli(binary))
                     label = "docker CLI (stats)"
-                    rows.append(await _row(label, stats_cli, handles, args, engine_pid))
+                    rows.append(await _row(label, stats_cli, handles, args, exporter, engine_pid))
+                if collector_binary is not None:
+                    # After our rows, on the same running containers: neither inflates
+                    # the other's engine figure.
+                    dockerstats = await asyncio.to_thread(
+                        _dockerstats.measure,
+                        collector_binary,
+                        socket_path,
+                        image,
+                        engine_pid,
+                        args.dockerstats_interval,
+                        args.dockerstats_seconds,
+                    )
         except Exception as error:
             skipped["docker"] = f"engine at {socket_path} failed: {error!r}"
         finally:
             await stats.aclose()
-    richest = max(rows, key=lambda r: len(r["sample"]))
-    alternatives = _alternatives_us(richest["sample"], args.records)
-    alternatives["record_us"] = richest["record_us"]
-    alternatives["of"] = richest["source"]
+            if image != args.image:
+                _dockerstats.untag(socket_path, image)
+    # The record's alternatives, on the target's samples (the Docker cgroup path) where run.
+    target = next((r for r in rows if r["source"].startswith("docker (cgroup")), rows[0])
+    alternatives = {
+        "of": target["source"],
+        "record_us": target["record_us"],
+        "whole_record_us": await _record_us(
+            target["sequence"], args.records, exporter, nowait=target["nowait"], final=True
+        ),
+        "bare_span_us": _bare_span_us(target["sample"], args.records),
+    }
     tracer_provider.shutdown()
     return {
         "benchmark": "sampler_cost",
@@ -333,9 +451,11 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "live_seconds": args.live_seconds,
             "export": exporter.encoding,
             "engine_pid": None if socket_path is None else serving_pid(socket_path),
+            "hogs": args.hogs,
         },
         "results": rows,
         "alternatives": alternatives,
+        "dockerstats": dockerstats,
         "skipped": skipped,
     }
 
@@ -347,29 +467,51 @@ def _us(value: float | None) -> str:
 def _print(result: dict[str, Any]) -> None:
     config = result["config"]
     interval = config["interval_s"]
+    hogs = f"; {config['hogs']} CPU hogs running" if config["hogs"] else ""
     print(
         f"\n{config['rounds']} ticks (every sandbox sampled at once); records exported as "
-        f"{config['export']}; {FLEET:,} sandboxes projected at {interval:g} s and 1 s\n"
+        f"{config['export']}; {FLEET:,} sandboxes projected at {interval:g} s and 1 s{hogs}\n"
     )
     print(
-        f"| source | sandboxes | plugin µs/sample | engine µs/sample | record µs/sample | "
-        f"total µs/sample | {FLEET:,} every {interval:g} s | {FLEET:,} every 1 s | live |"
+        f"| source | sandboxes | sample µs | engine µs | record µs | total µs | this "
+        f"process, end to end µs | {FLEET:,} every {interval:g} s | {FLEET:,} every 1 s | live |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in result["results"]:
         live = row.get("live_cpu_share")
         print(
             f"| {row['source']} | {row['sandboxes']} | {_us(row['plugin_us'])} | "
             f"{_us(row['engine_us'])} | {_us(row['record_us'])} | {_us(row['total_us'])} | "
+            f"{_us(row['end_to_end_us'])} | "
             f"{row['fleet_share_default']:.1%} | {row['fleet_share_1s']:.0%} | "
             f"{'–' if live is None else f'{live:.1%}'} |"
         )
     alternatives = result["alternatives"]
     print(
-        f"\nper sample of {alternatives['of']}: full record {alternatives['record_us']:.1f} µs; "
-        f"bare span, same attributes {alternatives['bare_span_us']:.1f} µs; "
-        f"unchanged sample skipped {alternatives['unchanged_skipped_us']:.2f} µs"
+        f"\nper record of {alternatives['of']}: as recorded (unchanged figures left out) "
+        f"{alternatives['record_us']:.1f} µs; every record whole "
+        f"{alternatives['whole_record_us']:.1f} µs; bare span with a whole record's "
+        f"attributes {alternatives['bare_span_us']:.1f} µs"
     )
+    dockerstats = result.get("dockerstats")
+    if dockerstats:
+        ours = next(
+            (r for r in result["results"] if r["source"].startswith("docker (cgroup")), None
+        )
+        print(
+            f"\nCollector dockerstats receiver (collection_interval "
+            f"{dockerstats['collection_interval_s']:g} s, {dockerstats['window_s']:.0f} s, "
+            f"{dockerstats['container_samples']:,} container samples exported): collector "
+            f"{dockerstats['collector_us']:,.0f} µs + engine {_us(dockerstats['engine_us'])} "
+            f"µs (net of {_us(dockerstats['engine_baseline_us'])} µs without it) = "
+            f"{dockerstats['total_us']:,.0f} µs per container sample"
+        )
+        if ours is not None:
+            print(
+                f"ours ({ours['source']}): {ours['total_us']:,.0f} µs total, "
+                f"{ours['end_to_end_us']:,.0f} µs end to end; dockerstats / ours = "
+                f"{dockerstats['total_us'] / ours['total_us']:.1f}x"
+            )
     for name, reason in result["skipped"].items():
         print(f"skipped {name}: {reason}")
 
@@ -396,13 +538,40 @@ def main() -> None:
         default=os.environ.get("NEMO_GYM_TEST_IMAGE", DEFAULT_IMAGE),
         help="container image for Docker sandboxes",
     )
+    parser.add_argument(
+        "--dockerstats",
+        action="store_true",
+        help="also run the Collector's dockerstats receiver on the containers (builds it "
+        "with benchmarks/dockerstats/build.sh: Go, the module proxy, minutes the first time)",
+    )
+    parser.add_argument(
+        "--dockerstats-binary", default=None, help="that collector, already built (implies it)"
+    )
+    parser.add_argument(
+        "--dockerstats-interval", type=float, default=1.0, help="its collection_interval (s)"
+    )
+    parser.add_argument(
+        "--dockerstats-seconds", type=float, default=30.0, help="its measured window (s)"
+    )
+    parser.add_argument(
+        "--hogs", type=int, default=0, help="busy-loop processes running meanwhile (load)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
     require_at_least(parser, args, 1, "sandboxes", "rounds", "records")
-    require_at_least(parser, args, 0, "docker_sandboxes", "live_seconds")
+    require_at_least(parser, args, 0, "docker_sandboxes", "live_seconds", "hogs")
+    if not (args.dockerstats_interval > 0 and args.dockerstats_seconds > 0):
+        parser.error("--dockerstats-interval and --dockerstats-seconds must be positive")
     if not args.interval > 0:
         parser.error("--interval must be positive")
-    run_and_report(args, _benchmark, _print)
+    # The load of --hogs: busy loops of this interpreter for the whole run, ended by PID.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    try:
+        run_and_report(args, _benchmark, _print)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 if __name__ == "__main__":

@@ -97,7 +97,11 @@ def row(span: ReadableSpan) -> dict[str, str] | None:
     if PREFIX + "resource.error" in a:
         cells["cpu time s"] = "error: " + cell(a, "resource.error")
         return cells
-    cells.update({column: cell(a, key) for column, key in USAGE.items()})
+    # A partial sample leaves out the figures that did not change since the previous one.
+    unchanged = "=" if a.get(PREFIX + "resource.partial") else "-"
+    cells.update(
+        {column: cell(a, key) if PREFIX + key in a else unchanged for column, key in USAGE.items()}
+    )
     return cells
 
 
@@ -119,6 +123,7 @@ How to read it: one row per resource record (a `sandbox.resources` span).
   mem MiB      memory in use now            peak MiB     highest memory use so far
   pids         processes running            oom kills    processes killed for memory
   source       where the numbers come from: spec, cgroup.v1/v2, or process/proc without cgroups
+  =            unchanged since the sample above (a partial sample leaves it out of its record)
 The memory-hungry command asks for 200 MiB under a 64 MiB limit: oom kills 1 and return
 code 137 show the limit at work (without cgroups nothing is enforced)."""
 

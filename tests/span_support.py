@@ -172,3 +172,23 @@ def usage_figures(got: dict[str, Any]) -> dict[str, Any]:
     so a whole-dict comparison still fails on it.
     """
     return {key: at_least(0) for key in got if key in USAGE_FIGURES}
+
+
+PARTIAL = PREFIX + "resource.partial"
+
+
+def carried_forward(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records as a reader rebuilds them: a partial sample (``resource.partial``) takes each
+    figure it leaves out from its sandbox's previous sample with figures, and the marker goes;
+    any other record is as it was. A partial sample with no earlier one fails (KeyError)."""
+    rebuilt: list[dict[str, Any]] = []
+    previous: dict[Any, dict[str, Any]] = {}
+    for attributes in records:
+        whole = dict(attributes)
+        if whole.pop(PARTIAL, False) is True:
+            whole = {**previous[whole.get(SANDBOX_ID)], **whole}
+        has_figures = ERROR not in whole and PREFIX + "usage.unknown_reason" not in whole
+        if whole.get(KIND) == "sample" and has_figures:
+            previous[whole.get(SANDBOX_ID)] = whole
+        rebuilt.append(whole)
+    return rebuilt

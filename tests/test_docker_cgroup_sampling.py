@@ -19,6 +19,7 @@ from tests.span_support import (
     KIND,
     SANDBOX_ID,
     attributes_of,
+    carried_forward,
     matching,
     usage_figures,
 )
@@ -176,6 +177,32 @@ async def test_docker_provider_ended_container_sample_has_exit_code(
 
 
 @pytest.mark.integration
+async def test_docker_provider_nowait_sample_from_cgroup_none_once_ended(
+    provider: DockerSandboxProvider,  # noqa: F811
+) -> None:
+    """While the container runs, resource_sample_nowait reads its cgroup and gives the keys
+    resource_sample gives; once it has ended (the engine must tell how) it gives None."""
+    handle = await provider.create(
+        spec(entrypoint=["/bin/sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 3"])
+    )
+    try:
+        now = provider.resource_sample_nowait(handle)
+        awaited = await provider.resource_sample(handle)
+        await provider.exec(handle, "touch /tmp/go")
+        for _ in range(200):
+            if await provider.status(handle) is SandboxStatus.STOPPED:
+                break
+            await asyncio.sleep(0.05)
+        ended = provider.resource_sample_nowait(handle)
+    finally:
+        await provider.close(handle)
+    assert now is not None
+    assert str(now["usage.source"]).startswith("cgroup.v")
+    assert sorted(now) == sorted(awaited)
+    assert ended is None
+
+
+@pytest.mark.integration
 async def test_docker_provider_exec_oom_kill_counted_container_lives(
     provider: DockerSandboxProvider,  # noqa: F811
     stats_provider: DockerSandboxProvider,
@@ -201,7 +228,7 @@ async def test_docker_provider_exec_oom_kill_counted_container_lives(
         await sampler.stop()
     finally:
         await provider.close(handle)
-    got = [attributes_of(s) for s in records(span_exporter)]
+    got = carried_forward([attributes_of(s) for s in records(span_exporter)])
     assert got == [
         {
             SANDBOX_ID: handle.sandbox_id,

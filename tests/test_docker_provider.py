@@ -36,6 +36,7 @@ from tests.span_support import (
     UNSPECIFIED,
     UUID4_HEX,
     attributes_of,
+    carried_forward,
     identity,
     matching,
     one_of,
@@ -397,20 +398,23 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     cpu_key = PREFIX + "usage.cpu.time_s"
     throttled_key = PREFIX + "usage.cpu.throttled_s"
 
-    def answered() -> list[ReadableSpan]:
+    def answered() -> list[tuple[ReadableSpan, dict[str, Any]]]:
         # A periodic record that close() cancels mid-call carries no answer; skip such records.
+        # Each with its attributes as a reader rebuilds them (figures a partial sample left
+        # out, from the sample before).
+        every = records(span_exporter)
+        rebuilt = carried_forward([attributes_of(s) for s in every])
         return [
-            s
-            for s in records(span_exporter)
-            if cpu_key in (s.attributes or {})
-            and not (s.attributes or {})[PREFIX + "resource.final"]
+            (s, a)
+            for s, a in zip(every, rebuilt, strict=True)
+            if cpu_key in a and not a[PREFIX + "resource.final"]
         ]
 
-    async def periods_counted(got: list[ReadableSpan]) -> bool:
+    async def periods_counted(got: list[tuple[ReadableSpan, dict[str, Any]]]) -> bool:
         # A cgroup sample reads the kernel's own throttled time (cpu.stat), which counts
         # whenever the quota binds. The engine's stats may not: Podman 4 on cgroup v1 sends
         # zero quota periods always.
-        if str((got[0].attributes or {})[PREFIX + "usage.source"]).startswith("cgroup."):
+        if str(got[0][1][PREFIX + "usage.source"]).startswith("cgroup."):
             return True
         _, raw = await asyncio.to_thread(
             engine, "GET", f"/v1.41/containers/{handle.sandbox_id}/stats?stream=false&one-shot=true"
@@ -434,7 +438,7 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
         for _ in range(1200):
             got = answered()
             if len(got) >= 5:
-                if any(((s.attributes or {}).get(throttled_key) or 0) > 0 for s in got):
+                if any((a.get(throttled_key) or 0) > 0 for _, a in got):
                     break
                 counted = await periods_counted(got)
                 if not counted:
@@ -489,11 +493,11 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     ]
     got = answered()
     assert len(got) >= 5
-    assert [attributes_of(s) for s in got] == [
+    assert [a for _, a in got] == [
         {**record(known, "sample"), PREFIX + "usage.source": source, **usage_figures(a)}
-        for a in map(attributes_of, got)
+        for _, a in got
     ]
-    timed = [(s.start_time or 0, (s.attributes or {})[cpu_key]) for s in got]
+    timed = [(s.start_time or 0, a[cpu_key]) for s, a in got]
     cpu = [c for _, c in timed]
     assert cpu == sorted(cpu)
     # Never the full core the loop would take unthrottled: at most a tenth of a core-second
@@ -502,7 +506,7 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
     assert 0 < rate < 0.15, timed
     # Throttled time is the engine's figure when it counts quota periods, absent otherwise
     # (Podman 4 on cgroup v1 sends zeros); never an invented 0.
-    throttled = [(s.attributes or {}).get(throttled_key) for s in got]
+    throttled = [a.get(throttled_key) for _, a in got]
     if counted:
         assert any((t or 0) > 0 for t in throttled)
     else:

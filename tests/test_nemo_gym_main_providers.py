@@ -37,6 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from conftest import INSTRUMENT, serve_on_loopback
+from span_support import carried_forward
 
 pytestmark = [pytest.mark.nemo_gym_main, pytest.mark.integration]
 
@@ -159,7 +160,9 @@ class Receiver:
 
 
 def _samples(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r[P + "resource.kind"] == "sample"]
+    """The sample records, each as a reader rebuilds it (a partial sample laid over the
+    sandbox's previous one)."""
+    return [r for r in carried_forward(records) if r[P + "resource.kind"] == "sample"]
 
 
 def _growing_run(samples: list[dict[str, Any]]) -> bool:

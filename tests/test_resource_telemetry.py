@@ -457,6 +457,151 @@ async def test_resource_sampler_cancelled_caller_propagates(
         await task
 
 
+class ScriptedSamples:
+    """A ResourceProvider that answers the given samples in turn, awaiting or at once.
+
+    With ``nowait`` it also offers ``resource_sample_nowait``, which answers the same script
+    (``None`` where the script says so: the sampler then awaits ``resource_sample``); the
+    calls of each kind are counted.
+    """
+
+    def __init__(self, samples: list[dict[str, Attribute] | None], nowait: bool = False) -> None:
+        self._samples = list(samples)
+        self.awaited = 0
+        self.nowait_calls = 0
+        if nowait:
+            self.resource_sample_nowait = self._nowait
+
+    async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
+        return ALLOCATION
+
+    async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        self.awaited += 1
+        return self._samples.pop(0) or {}
+
+    def _nowait(self, handle: SandboxHandle) -> dict[str, Attribute] | None:
+        self.nowait_calls += 1
+        if self._samples[0] is None:
+            self._samples.pop(0)
+            self._samples.insert(0, {"usage.pids": 99})  # what the awaited call answers
+            return None
+        return self._samples.pop(0)
+
+
+PARTIAL = PREFIX + "resource.partial"
+
+
+def usage(**figures: Attribute) -> dict[str, Attribute]:
+    return {PREFIX + "usage." + k.replace("__", "."): v for k, v in figures.items()}
+
+
+async def test_resource_sampler_leaves_out_unchanged_figures_between_whole_first_and_final(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The first and the final sample are whole; one between carries the identity, kind,
+    final and only the figures that changed, with resource.partial; one whose figures all
+    changed is whole again."""
+    first = {"usage.source": "cgroup.v2", "usage.cpu.time_s": 1.5, "usage.pids": 2}
+    provider = ScriptedSamples(
+        [
+            first,
+            {**first, "usage.cpu.time_s": 1.75},  # cpu changed
+            {**first, "usage.cpu.time_s": 1.75},  # nothing changed
+            {"usage.source": "proc", "usage.cpu.time_s": 2.0, "usage.pids": 3},  # all changed
+            {"usage.source": "proc", "usage.cpu.time_s": 2.0, "usage.pids": 3},  # final
+        ]
+    )
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0)
+    for _ in range(4):
+        await sampler.record("sample")
+    await sampler.record("sample", final=True)
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), **usage(source="cgroup.v2", cpu__time_s=1.5, pids=2)},
+        {**recorded(IDENTITY, "sample"), **usage(cpu__time_s=1.75), PARTIAL: True},
+        {**recorded(IDENTITY, "sample"), PARTIAL: True},
+        {**recorded(IDENTITY, "sample"), **usage(source="proc", cpu__time_s=2.0, pids=3)},
+        {
+            **recorded(IDENTITY, "sample", final=True),
+            **usage(source="proc", cpu__time_s=2.0, pids=3),
+        },
+    ]
+
+
+async def test_resource_sampler_whole_sample_every_sixth_and_when_a_figure_goes(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Unchanged samples go whole every sixth record, and a sample that lost a figure the
+    previous one had goes whole (a reader would take the absent figure as unchanged)."""
+    steady = {"usage.memory_mib": 4.0, "usage.pids": 1}
+    provider = ScriptedSamples([dict(steady) for _ in range(7)] + [{"usage.pids": 1}])
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0)
+    for _ in range(8):
+        await sampler.record("sample")
+    whole = {**recorded(IDENTITY, "sample"), **usage(memory_mib=4.0, pids=1)}
+    partial = {**recorded(IDENTITY, "sample"), PARTIAL: True}
+    assert [attrs(s) for s in records(exporter)] == [
+        whole,
+        partial,
+        partial,
+        partial,
+        partial,
+        partial,
+        whole,  # the sixth after the last whole one
+        {**recorded(IDENTITY, "sample"), **usage(pids=1)},  # memory_mib went: whole
+    ]
+
+
+async def test_resource_sampler_same_value_of_another_type_counts_as_changed(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A figure whose value compares equal but whose type changed (1 to True, 2 to 2.0) is
+    carried: a reader sees the type the provider gave."""
+    provider = ScriptedSamples([{"usage.a": 1, "usage.b": 2}, {"usage.a": True, "usage.b": 2.0}])
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0)
+    await sampler.record("sample")
+    await sampler.record("sample")
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), **usage(a=1, b=2)},
+        {**recorded(IDENTITY, "sample"), **usage(a=True, b=2.0)},
+    ]
+
+
+async def test_resource_sampler_takes_nowait_sample_and_awaits_when_none(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A provider's resource_sample_nowait answers samples without an awaited call; where it
+    answers None the sampler awaits resource_sample; allocations are always awaited."""
+    provider = ScriptedSamples([{"usage.pids": 1}, None, {"usage.pids": 5}], nowait=True)
+    sampler = ResourceSampler(provider, handle(), IDENTITY, 0)
+    await sampler.record("allocation")
+    for _ in range(3):
+        await sampler.record("sample")
+    assert (provider.nowait_calls, provider.awaited) == (3, 1)
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "allocation"), **allocation_attributes(ALLOCATION)},
+        {**recorded(IDENTITY, "sample"), **usage(pids=1)},
+        {**recorded(IDENTITY, "sample"), **usage(pids=99)},
+        {**recorded(IDENTITY, "sample"), **usage(pids=5)},
+    ]
+
+
+async def test_resource_sampler_nowait_failure_becomes_record(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A resource_sample_nowait that raises yields a record with resource.error, as an
+    awaited call's failure does, and nothing is raised."""
+
+    class Failing(ScriptedSamples):
+        def resource_sample_nowait(self, handle: SandboxHandle) -> dict[str, Attribute]:
+            raise OSError("cgroup vanished")
+
+    sampler = ResourceSampler(Failing([]), handle(), IDENTITY, 0)
+    await sampler.record("sample")
+    assert [attrs(s) for s in records(exporter)] == [
+        {**recorded(IDENTITY, "sample"), ERROR: "OSError"}
+    ]
+
+
 def test_resource_sampler_attributes_are_a_copy() -> None:
     """The sampler keeps its own copy of the identity attributes."""
     given = dict(IDENTITY)

@@ -381,3 +381,31 @@ async def test_process_exec_with_os_environ_keeps_it_out_of_spans(
     assert SECRET not in str(refused.value)
     for span in exporting.get_finished_spans():
         assert not any(SECRET in text for text in span_texts(span)), span.name
+
+
+def test_sandbox_state_tracer_kept_per_provider_follows_global_replacement() -> None:
+    """A state on the global provider keeps one tracer while that provider stays, and takes
+    the new provider's tracer once the global one is replaced, so records go where spans go."""
+    from opentelemetry import trace
+    from opentelemetry.test.globals_test import reset_trace_globals
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox._state import SandboxState
+
+    state = SandboxState()
+    first, second = InMemorySpanExporter(), InMemorySpanExporter()
+    reset_trace_globals()
+    try:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(first))
+        trace.set_tracer_provider(provider)
+        assert state.tracer is state.tracer
+        state.tracer.start_span("one").end()
+        reset_trace_globals()
+        replacement = TracerProvider()
+        replacement.add_span_processor(SimpleSpanProcessor(second))
+        trace.set_tracer_provider(replacement)
+        state.tracer.start_span("two").end()
+    finally:
+        reset_trace_globals()
+    assert [s.name for s in first.get_finished_spans()] == ["one"]
+    assert [s.name for s in second.get_finished_spans()] == ["two"]

@@ -48,6 +48,7 @@ from span_support import (
     UUID4_HEX,
     at_least,
     between,
+    carried_forward,
     identity,
     matching,
     process_allocation,
@@ -497,7 +498,8 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
         usage + "oom_kills": at_least(0, int),
         usage + "pids": at_least(0, int),
     }
-    periodic = [attrs(r) for r in records if attrs(r)[KIND] == "sample" and not attrs(r)[FINAL]]
+    samples = carried_forward([attrs(r) for r in records if attrs(r)[KIND] == "sample"])
+    periodic = [got for got in samples if not got[FINAL]]
     assert periodic == [
         {**record(known, "sample"), **sample_outcome(got, cgroup_usage)} for got in periodic
     ]

@@ -31,6 +31,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 __all__ = [
     "allocation_attributes",
     "amount_attributes",
+    "changed_attributes",
     "record_request",
     "requested_attributes",
     "sample_attributes",
@@ -181,6 +182,16 @@ def sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
             log_once(("sample-key", type(key).__name__), "dropping a sample key that is no string")
             continue
         name = key if key.startswith(PREFIX) else PREFIX + key
+        # Every sample of every sandbox passes here: the exact types a provider gives come
+        # first (a NaN fails both comparisons, an infinity the upper one); subclasses and
+        # sequences take the general path below.
+        kind = type(value)
+        if kind is str or kind is bool:
+            attributes[name] = value  # type: ignore[assignment]  # str or bool, as checked
+            continue
+        if (kind is float or kind is int) and 0 <= value <= _MAX_INT:  # type: ignore[operator]
+            attributes[name] = value  # type: ignore[assignment]  # a clean number, as checked
+            continue
         if isinstance(value, int | float) and not _clean_number(value):
             log_once(
                 ("sample-number", name), "dropping sample value %s: %r is not usage", name, value
@@ -197,3 +208,22 @@ def sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:
                 type(value).__name__,
             )
     return attributes
+
+
+def changed_attributes(
+    previous: Mapping[str, Attribute], sample: Mapping[str, Attribute]
+) -> dict[str, Attribute] | None:
+    """``sample`` without the values ``previous`` already had (equal, and of the same type);
+    ``None`` when ``previous`` has a key that ``sample`` lacks, since a record leaving it out
+    would read as unchanged rather than gone (such a sample goes whole). Pure."""
+    if not previous.keys() <= sample.keys():
+        return None
+    changed: dict[str, Attribute] = {}
+    for key, value in sample.items():
+        before = previous.get(key, _ABSENT)
+        if before != value or type(before) is not type(value):
+            changed[key] = value
+    return changed
+
+
+_ABSENT = object()

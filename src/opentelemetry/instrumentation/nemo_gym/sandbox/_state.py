@@ -235,6 +235,9 @@ class SandboxState:
         self._interval_s = _checked_interval(interval_s)
         self._version = instrumentation_version
         self._tracer: trace.Tracer | None = None
+        self._tracer_of: trace.TracerProvider | None = None
+        self._fleet: tuple[metrics.MeterProvider, SandboxFleetMetrics] | None = None
+        self._lifecycle: tuple[metrics.MeterProvider, SandboxLifecycleMetrics] | None = None
         self.registry = SandboxRegistry()
         self.processor: SandboxSpanProcessor | None = None
         # The provider classes this state auto-traces: class -> {method: installed wrapper}.
@@ -251,11 +254,13 @@ class SandboxState:
     @property
     def tracer(self) -> trace.Tracer:
         """The tracer of scope ``opentelemetry.instrumentation.nemo_gym`` on this state's
-        provider (made once for a given provider; through the global one otherwise)."""
-        if self._tracer_provider is None:
-            return trace.get_tracer(SCOPE_NAME, self._version)
-        if self._tracer is None:
-            self._tracer = self._tracer_provider.get_tracer(SCOPE_NAME, self._version)
+        provider as it is now (made once per provider, the global one included)."""
+        provider = self.tracer_provider
+        # Kept with the provider it came from: the global one may be set or replaced later,
+        # and asking a provider for a tracer costs more than a record's span.
+        if self._tracer is None or self._tracer_of is not provider:
+            self._tracer = provider.get_tracer(SCOPE_NAME, self._version)
+            self._tracer_of = provider
         return self._tracer
 
     @property
@@ -268,21 +273,32 @@ class SandboxState:
     def fleet_metrics(self) -> SandboxFleetMetrics | None:
         """The fleet counters of this state's meter provider (one set per provider, made on
         first use), or ``None`` when that provider cannot make them (logged once)."""
+        provider = self.meter_provider
+        # Every usage sample asks: the last answer is kept with the provider it came from.
+        if self._fleet is not None and self._fleet[0] is provider:
+            return self._fleet[1]
         try:
-            return SandboxFleetMetrics.of(self.meter_provider, version=self._version)
+            fleet = SandboxFleetMetrics.of(provider, version=self._version)
         except Exception as exc:  # noqa: BLE001 - no counters is better than a failed sandbox
             log_failure("creating the sandbox fleet metrics", exc)
             return None
+        self._fleet = (provider, fleet)
+        return fleet
 
     def lifecycle_metrics(self) -> SandboxLifecycleMetrics | None:
         """The lifecycle and usage instruments of this state's meter provider (one set per
         provider, made on first use), or ``None`` when that provider cannot make them (logged
         once)."""
+        provider = self.meter_provider
+        if self._lifecycle is not None and self._lifecycle[0] is provider:
+            return self._lifecycle[1]
         try:
-            return SandboxLifecycleMetrics.of(self.meter_provider, version=self._version)
+            lifecycle = SandboxLifecycleMetrics.of(provider, version=self._version)
         except Exception as exc:  # noqa: BLE001 - no metrics is better than a failed sandbox
             log_failure("creating the sandbox lifecycle metrics", exc)
             return None
+        self._lifecycle = (provider, lifecycle)
+        return lifecycle
 
     @property
     def interval_s(self) -> float:

@@ -9,6 +9,13 @@ the edge that emits them,
 context the sandbox was created in, on the tracer of the sandbox state current then
 (``_state``: the instrumentor's tracer provider, else the global one).
 
+A usage sample's record leaves out the figures that did not change since the sandbox's
+previous sample (``resource.partial = true``); the first, the final and every
+``WHOLE_SAMPLE_EVERY``-th go whole. A provider may offer ``resource_sample_nowait(handle)``
+beside ``resource_sample``: the sample read without waiting (a cgroup's kernel files), or
+``None``; the sampler takes it first and awaits ``resource_sample`` only when it answers
+``None``.
+
 Records are best effort: a provider that raises or hangs still yields a record, carrying
 ``resource.error`` (the exception's type, never its text), and its exception never reaches
 the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
@@ -25,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from opentelemetry import context
@@ -43,6 +51,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
     allocation_attributes,
     amount_attributes,
+    changed_attributes,
     record_request,
     requested_attributes,
     sample_attributes,
@@ -80,6 +89,13 @@ __all__ = [
 LOGGER = logging.getLogger(__name__)
 
 RECORD_SPAN_NAME = "sandbox.resources"
+
+# A sample record leaves out the figures that did not change since the sandbox's previous
+# sample, and says so with this attribute; one sample in this many goes whole all the same
+# (at the default 10 s interval, once a minute), so a reader that lost a record, or looks at
+# a short window, has every figure within that many records.
+PARTIAL = PREFIX + "resource.partial"
+WHOLE_SAMPLE_EVERY = 6
 
 # The longest one provider call may take inside a record. The one-off allocation read gets all
 # of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
@@ -188,8 +204,14 @@ class ResourceSampler:
         # This sampler's last usage sample: OOM kills are counted as the difference to it.
         # One sampler owns a sandbox's samples, so this is the sandbox's previous sample.
         self._last_sample: dict[str, Attribute] | None = None
+        # Partial sample records since the last whole one (see _recorded_figures).
+        self._partial_run = 0
         # Read now: a close may forget the sandbox before the allocation record is answered.
         self._requested = self._requested_resources()
+        nowait = getattr(provider, "resource_sample_nowait", None)
+        self._sample_nowait: Callable[[SandboxHandle], Mapping[str, object] | None] | None = (
+            nowait if callable(nowait) else None
+        )
 
     @property
     def _provider_label(self) -> str:
@@ -217,6 +239,25 @@ class ResourceSampler:
             return container_identity(allocation)
         return fleet.allocation_recorded(self._provider_label, self._requested, allocation)
 
+    def _recorded_figures(
+        self, sample: dict[str, Attribute], changed: dict[str, Attribute] | None, final: bool
+    ) -> dict[str, Attribute]:
+        """What a sample record carries of ``sample``, given what ``changed`` since the
+        previous sample (``None``: no previous one, or it had a figure ``sample`` lacks):
+        all of it (the first, the final, every ``WHOLE_SAMPLE_EVERY``-th, one that lacks a
+        figure the previous one had, and one whose figures all changed), else the figures
+        that changed, with ``resource.partial = true``."""
+        if (
+            final
+            or changed is None
+            or len(changed) == len(sample)
+            or self._partial_run >= WHOLE_SAMPLE_EVERY - 1
+        ):
+            self._partial_run = 0
+            return sample
+        self._partial_run += 1
+        return {**changed, PARTIAL: True}
+
     def _feed_usage_metrics(self, sample: dict[str, Attribute]) -> None:
         """Feed a usage sample to the fleet counters (OOM kills) and the usage totals (CPU
         time, memory high-water mark), as differences to this sampler's previous sample."""
@@ -232,7 +273,11 @@ class ResourceSampler:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
 
         The span carries the identity attributes, ``resource.kind``, ``resource.final`` and
-        the provider's answer; when the provider raises or times out it carries
+        the provider's answer; of a sample, only the figures that changed since the previous
+        sample, with ``resource.partial = true``, unless it goes whole (the first, the final,
+        every ``WHOLE_SAMPLE_EVERY``-th: see ``_recorded_figures``). A sample comes from the
+        provider's ``resource_sample_nowait`` where it has one and answers, else from an
+        awaited ``resource_sample``. When the provider raises or times out the span carries
         ``resource.error`` (the exception's type name) instead, and nothing is raised. Inside
         OpenTelemetry's ``suppress_instrumentation`` nothing is read or recorded. An unknown
         ``kind`` raises ``ValueError``.
@@ -250,12 +295,14 @@ class ResourceSampler:
         start: dict[str, Attribute] = dict(self.attributes)
         start[PREFIX + "resource.kind"] = kind
         start[PREFIX + "resource.final"] = bool(final)
-        span = self._state.tracer.start_span(
-            RECORD_SPAN_NAME, context=self._context, attributes=start
-        )
-        data: dict[str, Attribute]
+        # The span is made once its attributes are all known (one attribute set for the SDK
+        # to check instead of two), dated from before the provider was asked.
+        start_time = time.time_ns()
+        data: dict[str, Attribute] = {}
         try:
-            answer = await _bounded(call(self._handle), timeout)
+            answer: Any = self._sample_now() if kind == "sample" else None
+            if answer is None:
+                answer = await _bounded(call(self._handle), timeout)
             if isinstance(answer, ResourcesUnknown):
                 # Unknown, and why: never a figure, so nothing to compare or count either.
                 area = "allocation" if kind == "allocation" else "usage"
@@ -264,20 +311,40 @@ class ResourceSampler:
                 data = allocation_attributes(answer)
                 data.update(self._allocation_extras(answer))
             else:
-                data = sample_attributes(answer)
-                self._feed_usage_metrics(data)
-            # The provider's answer never overrides the sandbox's identity.
-            span.set_attributes({k: v for k, v in data.items() if k not in start})
+                sample = sample_attributes(answer)
+                if not start.keys().isdisjoint(sample):
+                    # The provider's answer never overrides the sandbox's identity.
+                    sample = {k: v for k, v in sample.items() if k not in start}
+                previous = self._last_sample
+                changed = None if previous is None else changed_attributes(previous, sample)
+                if changed != {}:
+                    # A sample equal to the previous one adds no CPU time, no memory mark
+                    # and no OOM kill: the metrics are fed only what may move them.
+                    self._feed_usage_metrics(sample)
+                data = self._recorded_figures(sample, changed, final)
         except asyncio.CancelledError:
             # stop() cancelled a periodic record while the provider was answering: the record
             # says so instead of being exported as an empty sample, and cancellation goes on.
-            span.set_attribute(PREFIX + "resource.error", "CancelledError")
+            data = {PREFIX + "resource.error": "CancelledError"}
             raise
         except Exception as exc:  # noqa: BLE001 - a failed provider call is part of the record
-            span.set_attribute(PREFIX + "resource.error", type(exc).__name__)
+            data = {PREFIX + "resource.error": type(exc).__name__}
             log_failure(f"sandbox resource {kind} record", exc, self._key[0])
         finally:
-            span.end()
+            # The provider's answer never overrides the sandbox's identity.
+            for key, value in data.items():
+                start.setdefault(key, value)
+            self._state.tracer.start_span(
+                RECORD_SPAN_NAME, context=self._context, attributes=start, start_time=start_time
+            ).end()
+
+    def _sample_now(self) -> Mapping[str, object] | None:
+        """The provider's sample when it can be read without waiting (its optional
+        ``resource_sample_nowait``: a cgroup's kernel files), else ``None``: the caller
+        awaits ``resource_sample``, bounded in time."""
+        if self._sample_nowait is None:
+            return None
+        return self._sample_nowait(self._handle)
 
     def _release_reader(self) -> None:
         """Tell a resource reader (``readers``) that has ``release`` the sandbox is done."""

@@ -102,16 +102,18 @@ def read_file(path: Path | str) -> str | None:
     """A small kernel file's text, stripped; ``None`` when it cannot be read.
 
     Plain ``os.read`` calls rather than a file object: a sample reads several of these files,
-    and the buffered text layer costs more than the read itself.
+    and the buffered text layer costs more than the read itself. A read shorter than asked
+    is the end: kernel files (seq_file) fill a read until it is full or nothing is left, so
+    a small file takes one read, not a second one that returns nothing.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, _READ_SIZE):
-            chunks.append(chunk)
+        chunks = [os.read(fd, _READ_SIZE)]
+        while len(chunks[-1]) == _READ_SIZE:
+            chunks.append(os.read(fd, _READ_SIZE))
     except OSError:
         return None
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -46,18 +47,18 @@ _RMDIR_PAUSE_S = 0.01
 JOIN_SCRIPT = 'c=$1; shift; for f do echo $$ >"$f" || exit 125; done; exec /bin/sh -c "$c"'
 
 
-def _read_int(path: Path) -> int | None:
-    text = read_file(path)
+def _read_int(path: Path | str | None) -> int | None:
+    text = None if path is None else read_file(path)
     try:
         return None if text is None else int(text)
     except ValueError:
         return None
 
 
-def _read_keyed(path: Path) -> dict[str, int]:
+def _read_keyed(path: Path | str | None) -> dict[str, int]:
     """``key value`` lines (cpu.stat, memory.events, memory.oom_control) as a dict."""
     values: dict[str, int] = {}
-    for line in (read_file(path) or "").splitlines():
+    for line in ((None if path is None else read_file(path)) or "").splitlines():
         name, _, value = line.partition(" ")
         with contextlib.suppress(ValueError):
             values[name] = int(value)
@@ -104,6 +105,39 @@ class Cgroup:
 
     def file(self, controller: str, name: str) -> Path:
         return self.dirs["" if self.version == 2 else controller] / name
+
+    @property
+    def source(self) -> str:
+        """The ``usage.source`` of its samples: ``cgroup.v1`` or ``cgroup.v2``."""
+        return f"cgroup.v{self.version}"
+
+    @functools.cached_property
+    def usage_files(self) -> dict[str, str | None]:
+        """The files a usage sample reads, by role, as path strings made once (a sample is
+        taken every interval, and joining paths costs more than reading a kernel file);
+        ``None`` where the controller is not there."""
+        if self.version == 1:
+            names = {
+                "memory": ("memory", "memory.usage_in_bytes"),
+                "peak": ("memory", "memory.max_usage_in_bytes"),
+                "oom": ("memory", "memory.oom_control"),
+                "cpu.stat": ("cpu", "cpu.stat"),
+                "cpu.usage": ("cpuacct", "cpuacct.usage"),
+                "pids": ("pids", "pids.current"),
+            }
+        else:
+            names = {
+                "memory": ("memory", "memory.current"),
+                "peak": ("memory", "memory.peak"),
+                "oom": ("memory", "memory.events"),
+                "cpu.stat": ("cpu", "cpu.stat"),
+                "cpu.usage": ("cpu", "cpu.stat"),
+                "pids": ("pids", "pids.current"),
+            }
+        return {
+            role: str(self.file(controller, name)) if self.has(controller) else None
+            for role, (controller, name) in names.items()
+        }
 
     def has(self, controller: str) -> bool:
         return self.version == 2 or controller in self.dirs
@@ -206,16 +240,13 @@ def cgroup_limits(cgroup: Cgroup) -> SandboxResourceAmounts:
 def oom_kills(cgroup: Cgroup | None) -> int | None:
     if cgroup is None:
         return None
-    if cgroup.version == 1:
-        return _read_keyed(cgroup.file("memory", "memory.oom_control")).get("oom_kill")
-    return _read_keyed(cgroup.file("memory", "memory.events")).get("oom_kill")
+    return _read_keyed(cgroup.usage_files["oom"]).get("oom_kill")
 
 
 def memory_bytes(cgroup: Cgroup) -> int | None:
     """The cgroup's memory usage in bytes; ``None`` when it cannot be read (see
     ``cgroup_usage``)."""
-    name = "memory.usage_in_bytes" if cgroup.version == 1 else "memory.current"
-    return _read_int(cgroup.file("memory", name))
+    return _read_int(cgroup.usage_files["memory"])
 
 
 def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
@@ -229,36 +260,31 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
     descendants; v1 ``memory.oom_control`` ``oom_kill`` (Linux 4.13+) counts kills charged to
     this memory cgroup; older v1 kernels offer no count, and the figure is left out.
     """
-    memory = memory_bytes(cgroup)
+    files = cgroup.usage_files
+    memory = _read_int(files["memory"])
     if memory is None:
         return None
+    cpu_stat = _read_keyed(files["cpu.stat"])
     if cgroup.version == 1:
-        cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat")) if cgroup.has("cpu") else {}
-        cpu_ns = (
-            _read_int(cgroup.file("cpuacct", "cpuacct.usage")) if cgroup.has("cpuacct") else None
-        )
+        cpu_ns = _read_int(files["cpu.usage"])
         cpu_s = None if cpu_ns is None else cpu_ns / 1e9
         throttled = cpu_stat.get("throttled_time")
         throttled_s = None if throttled is None else throttled / 1e9
-        peak = _read_int(cgroup.file("memory", "memory.max_usage_in_bytes"))
     else:
-        cpu_stat = _read_keyed(cgroup.file("cpu", "cpu.stat"))
         usage_us = cpu_stat.get("usage_usec")
         cpu_s = None if usage_us is None else usage_us / 1e6
         throttled = cpu_stat.get("throttled_usec")
         throttled_s = None if throttled is None else throttled / 1e6
-        peak = _read_int(cgroup.file("memory", "memory.peak"))
+    peak = _read_int(files["peak"])
     values: dict[str, float | int | None] = {
         "cpu.time_s": None if cpu_s is None else round(cpu_s, 6),
         "cpu.throttled_s": None if throttled_s is None else round(throttled_s, 6),
         "cpu.throttled_periods": cpu_stat.get("nr_throttled"),
         "memory_mib": round(memory / MIB, 3),
         "memory_peak_mib": None if peak is None else round(peak / MIB, 3),
-        "oom_kills": oom_kills(cgroup),
+        "oom_kills": _read_keyed(files["oom"]).get("oom_kill"),
         "pids": (
-            _read_int(cgroup.file("pids", "pids.current"))
-            if cgroup.has("pids")
-            else len(cgroup_pids(cgroup))
+            _read_int(files["pids"]) if files["pids"] is not None else len(cgroup_pids(cgroup))
         ),
     }
     return {k: v for k, v in values.items() if v is not None}
@@ -267,7 +293,7 @@ def cgroup_usage(cgroup: Cgroup) -> dict[str, float | int] | None:
 def cgroup_sample(cgroup: Cgroup) -> dict[str, Attribute]:
     """``cgroup_usage`` as sample attributes under ``PREFIX``, with ``usage.source``."""
     usage = PREFIX + "usage."
-    sample: dict[str, Attribute] = {usage + "source": f"cgroup.v{cgroup.version}"}
+    sample: dict[str, Attribute] = {usage + "source": cgroup.source}
     sample.update({usage + k: v for k, v in (cgroup_usage(cgroup) or {}).items()})
     return sample
 

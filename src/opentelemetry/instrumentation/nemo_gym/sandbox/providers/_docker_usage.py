@@ -116,6 +116,16 @@ class ContainerUsage:
         """Drop what is known about a container (it was removed)."""
         self._located.pop(container_id, None)
 
+    def sample_nowait(self, container_id: str) -> dict[str, Attribute] | None:
+        """The sample ``sample`` would give when the container's cgroup answers it alone (a
+        located cgroup, readable, with processes in it), read synchronously; else ``None``
+        (the engine is needed: ``sample`` asks it). Never raises for a missing cgroup."""
+        located = self._located.get(container_id)
+        sample = None if located is None else _cgroup_sample(located)
+        if sample is None or sample.get("usage.pids") == 0:
+            return None  # not located, gone or ended: ``sample`` asks the engine
+        return sample
+
     async def sample(self, container_id: str) -> dict[str, Attribute]:
         """One usage sample (keys ``usage.*``), from the cgroup where possible.
 
@@ -133,19 +143,12 @@ class ContainerUsage:
                 located = self._located[container_id]
             else:
                 located = _Located(None)
-        if located.cgroup is not None:
-            usage = cgroup_usage(located.cgroup)
-            if usage is not None:
-                kills = usage.get("oom_kills")
-                if isinstance(kills, int):
-                    located.oom_kills = kills
-                sample: dict[str, Attribute] = {"usage.source": f"cgroup.v{located.cgroup.version}"}
-                sample.update({"usage." + k: v for k, v in usage.items()})
-                if usage.get("pids") == 0:
-                    # No process left: the container has ended; the engine says how.
-                    sample.update(_ending(await self._state(container_id, inspect)))
-                return sample
-            located.cgroup = None  # gone: the container ended, or its cgroup moved
+        sample = _cgroup_sample(located)
+        if sample is not None:
+            if sample.get("usage.pids") == 0:
+                # No process left: the container has ended; the engine says how.
+                sample.update(_ending(await self._state(container_id, inspect)))
+            return sample
         state = await self._state(container_id, inspect)
         sample = {"usage.source": self._stats_source}
         sample.update(_ending(state))
@@ -161,6 +164,25 @@ class ContainerUsage:
     async def _state(self, container_id: str, inspect: dict[str, Any] | None) -> dict[str, Any]:
         """The engine's ``State`` of the container, from ``inspect`` when already asked."""
         return (inspect or await self._inspect(container_id)).get("State") or {}
+
+
+def _cgroup_sample(located: _Located) -> dict[str, Attribute] | None:
+    """The container's sample from its cgroup, keeping its OOM kill count; ``None`` when it
+    has no readable cgroup (once gone, the container ended or its cgroup moved, it is not
+    read again). Reads small kernel files synchronously."""
+    if located.cgroup is None:
+        return None
+    usage = cgroup_usage(located.cgroup)
+    if usage is None:
+        located.cgroup = None
+        return None
+    kills = usage.get("oom_kills")
+    if isinstance(kills, int):
+        located.oom_kills = kills
+    sample: dict[str, Attribute] = {"usage.source": located.cgroup.source}
+    for quantity, value in usage.items():
+        sample["usage." + quantity] = value
+    return sample
 
 
 def _ending(state: dict[str, Any]) -> dict[str, Attribute]:

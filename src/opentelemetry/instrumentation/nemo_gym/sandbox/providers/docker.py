@@ -362,6 +362,12 @@ class DockerSandboxProvider:
         """
         return await self._usage.sample(self._container(handle).id)
 
+    def resource_sample_nowait(self, handle: SandboxHandle) -> dict[str, Attribute] | None:
+        """The sample ``resource_sample`` would give, when the container's cgroup gives it
+        without asking the engine (read synchronously: small kernel files); else ``None``.
+        ``ResourceSampler`` takes it first, sparing the bounded wait an engine call needs."""
+        return self._usage.sample_nowait(self._container(handle).id)
+
     async def _inspect(self, container_id: str) -> dict[str, Any]:
         answer = await self._api.json("GET", f"/containers/{container_id}/json")
         if not isinstance(answer, dict):

@@ -389,6 +389,14 @@ class ProcessSandboxProvider:
             host=self._host,
         )
 
+    def resource_sample_nowait(self, handle: SandboxHandle) -> dict[str, Attribute] | None:
+        """The sandbox's cgroup sample, read synchronously (small kernel files); ``None``
+        without a cgroup (the ``/proc`` sample waits for the shared scan: ``resource_sample``).
+        ``ResourceSampler`` takes it first, sparing the bounded wait. Raises as
+        ``resource_sample`` for a sandbox that is not open."""
+        state = self._open(handle)
+        return None if state.cgroup is None else _cgroups.cgroup_sample(state.cgroup)
+
     async def resource_sample(self, handle: SandboxHandle) -> dict[str, Attribute]:
         """Usage now: CPU time and throttling, memory and its peak, OOM kills, process count.
 
@@ -398,9 +406,10 @@ class ProcessSandboxProvider:
         samples of a provider share one scan of the process table per tick, which starts
         after the sample is asked for, so a process started before the call is counted.
         """
+        sample = self.resource_sample_nowait(handle)
+        if sample is not None:
+            return sample
         state = self._open(handle)
-        if state.cgroup is not None:
-            return _cgroups.cgroup_sample(state.cgroup)
         sessions = await self._proc_scan.sessions()
         pids = memory = 0
         for session in state.sessions:

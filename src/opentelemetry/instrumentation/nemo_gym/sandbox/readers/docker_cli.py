@@ -129,6 +129,11 @@ class DockerCliReader:
         """One usage sample, as ``otel_docker``'s (``ContainerUsage``)."""
         return await self._usage.sample(_container_name(handle))
 
+    def resource_sample_nowait(self, handle: SandboxHandle) -> dict[str, Attribute] | None:
+        """The sample ``resource_sample`` would give, when the container's cgroup gives it
+        without running the CLI (see ``DockerSandboxProvider.resource_sample_nowait``)."""
+        return self._usage.sample_nowait(_container_name(handle))
+
     def release(self, handle: SandboxHandle) -> None:
         """Forget the container (called after its final sample)."""
         self._usage.forget(_container_name(handle))
