@@ -23,6 +23,10 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     exit 1
   }
 fi
+# A current pip first: the pip a venv starts with (23.2 from Python 3.11.7) gives up with
+# ResolutionImpossible on the test extra, backtracking over opentelemetry-* releases that were
+# never published together, where a current resolver finds the one consistent set.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
 # The pressure extra's process metrics, at the release of the opentelemetry-instrumentation just
 # installed (pyproject.toml's test extra says why it is not listed there).
