@@ -341,7 +341,9 @@ def test_tracing_requirements_add_process_metrics_at_instrumentation_release() -
     release when it is not among the requirements, and nothing when it is."""
     from importlib.metadata import version
 
-    from opentelemetry.instrumentation.nemo_gym._server_venvs import tracing_requirements
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+        tracing_requirements,
+    )
 
     tracing = [
         "opentelemetry-instrumentation-aiohttp-client==0.66b1",
@@ -358,7 +360,9 @@ def test_tracing_requirements_add_process_metrics_at_instrumentation_release() -
 def test_tracing_requirements_missing_instrumentation_names_it() -> None:
     """--tracing without the fastapi instrumentation here is bad input naming the package and
     the one pip command that installs the set."""
-    from opentelemetry.instrumentation.nemo_gym._server_venvs import tracing_requirements
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+        tracing_requirements,
+    )
 
     with pytest.raises(ValueError, match=r"^--tracing: ") as refused:
         tracing_requirements(["opentelemetry-instrumentation-aiohttp-client==0.66b1"])
@@ -374,7 +378,7 @@ def test_server_venvs_tracing_flag_before_gym_arguments(
 ) -> None:
     """`server-venvs --tracing ARGS` hands ARGS to gym's parser and asks for tracing; without
     the flag, tracing stays off and every argument is gym's."""
-    from opentelemetry.instrumentation.nemo_gym import _server_venvs
+    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _server_venvs
 
     calls: list[tuple[list[str], bool]] = []
 

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from conftest import serve_on_loopback
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym._rollout_span import (
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
     ATTR_AGENT,
     ATTR_ROLLOUT_INDEX,
     ATTR_TASK_INDEX,
