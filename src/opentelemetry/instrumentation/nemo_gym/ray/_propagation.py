@@ -59,9 +59,11 @@ _WORKER_MODULES: Final = ("ray._private.function_manager",)
 # creates actors without end stops recording: their methods then carry nothing).
 _MAX_ACTORS: Final = 65536
 
-# The carrier for the next flatten_args of this call (set by a _remote wrapper around it).
-_PENDING: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "nemo_gym_ray_pending_carrier", default=None
+# For the next flatten_args of this call (set by a _remote wrapper around it): the carrier,
+# whether its worker takes it off (asked there, once Ray is initialized: _remote may start
+# Ray itself), and what is called, for the log.
+_PENDING: contextvars.ContextVar[tuple[dict[str, str], Callable[[], bool], str] | None] = (
+    contextvars.ContextVar("nemo_gym_ray_pending_carrier", default=None)
 )
 
 RunsOurHook = Callable[[Any], bool]
@@ -113,18 +115,22 @@ def _task_runs_our_hook(state: _CallerState, runtime_env: object) -> bool:
 
 
 def _carried_call(
-    wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], carry: bool
+    wrapped: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+    worker_takes_it_off: Callable[[], bool],
 ) -> Any:
     """``wrapped(*args, **kwargs)`` with the current context pending for its flatten_args."""
     carrier = None
-    if carry:
+    if _STATE is not None:
         try:
             carrier = _current_carrier()
         except Exception as exc:  # noqa: BLE001 - the task is submitted whatever happens here
             _ONCE(("inject", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
     if carrier is None:
         return wrapped(*args, **kwargs)
-    token = _PENDING.set(carrier)
+    token = _PENDING.set((carrier, worker_takes_it_off, what))
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -148,27 +154,38 @@ def _checked(what: str, decide: Callable[[], bool]) -> bool:
 def _remote_function_call(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _STATE
-    carry = state is not None and _checked(
-        "task", lambda: _task_runs_our_hook(state, kwargs.get("runtime_env"))
-    )
-    return _carried_call(wrapped, args, kwargs, carry)
+    def worker_takes_it_off() -> bool:
+        state = _STATE
+        return state is not None and _task_runs_our_hook(state, kwargs.get("runtime_env"))
+
+    return _carried_call(wrapped, args, kwargs, "task", worker_takes_it_off)
 
 
 def _actor_method_call(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _STATE
-
-    def actor_runs_our_hook() -> bool:
-        assert state is not None
+    def worker_takes_it_off() -> bool:
+        state = _STATE
         handle = getattr(instance, "_actor", None)  # Ray 2.60; a weak reference before
         if handle is None and callable(getattr(instance, "_actor_ref", None)):
             handle = instance._actor_ref()
-        return handle is not None and handle._ray_actor_id.binary() in state.hooked_actors
+        return (
+            state is not None
+            and handle is not None
+            and handle._ray_actor_id.binary() in state.hooked_actors
+        )
 
-    carry = state is not None and _checked("actor method", actor_runs_our_hook)
-    return _carried_call(wrapped, args, kwargs, carry)
+    return _carried_call(wrapped, args, kwargs, "actor method", worker_takes_it_off)
+
+
+def _record_actor(state: _CallerState, handle: Any, runtime_env: object) -> bool:
+    """Remember an actor just created whose worker runs ``setup_worker``."""
+    runs = _task_runs_our_hook(state, runtime_env)
+    if runs:
+        with state.lock:
+            if len(state.hooked_actors) < _MAX_ACTORS:
+                state.hooked_actors.add(handle._ray_actor_id.binary())
+    return runs
 
 
 def _actor_creation(
@@ -176,19 +193,8 @@ def _actor_creation(
 ) -> Any:
     handle = wrapped(*args, **kwargs)
     state = _STATE
-    if state is None:
-        return handle
-
-    def record() -> bool:
-        assert state is not None
-        runs = _task_runs_our_hook(state, kwargs.get("runtime_env"))
-        if runs:
-            with state.lock:
-                if len(state.hooked_actors) < _MAX_ACTORS:
-                    state.hooked_actors.add(handle._ray_actor_id.binary())
-        return runs
-
-    _checked("actor", record)
+    if state is not None:
+        _checked("actor", lambda: _record_actor(state, handle, kwargs.get("runtime_env")))
     return handle
 
 
@@ -196,10 +202,12 @@ def _flatten_with_carrier(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     flattened = wrapped(*args, **kwargs)  # the user's arguments, checked as Ray checks them
-    carrier = _PENDING.get()
-    if carrier is not None and isinstance(flattened, list):
+    pending = _PENDING.get()
+    if pending is not None and isinstance(flattened, list):
         _PENDING.set(None)  # one task per _remote: nothing nested picks it up
-        flattened += [CARRIER, carrier]
+        carrier, worker_takes_it_off, what = pending
+        if _checked(what, worker_takes_it_off):
+            flattened += [CARRIER, carrier]
     return flattened
 
 
