@@ -12,12 +12,14 @@ the others, and only to a worker that takes it off again before the task runs:
 * **caller** (``install``): ``RemoteFunction._remote`` and ``ActorMethod._remote``, inside a
   valid span, inject the current context (the global propagator: W3C ``traceparent``) and
   mark the call; Ray's ``flatten_args``, called by both after it has checked the user's
-  arguments against the function's signature, appends ``CARRIER`` for a marked call. A call
-  is marked only when its worker runs ``setup_worker``: the task's own ``runtime_env`` sets
-  Ray's setup-hook variable to ours, or the task sets none and the job's (or calling
-  worker's, which a task inherits) does; for an actor method, the actor was created so. A
-  task or actor without it, an actor whose handle came from elsewhere (``ray.get_actor``, a
-  handle passed in), cross-language and Ray-client calls get nothing.
+  arguments against the function's signature (and initialized Ray, if the call did), appends
+  ``CARRIER`` to a marked call's arguments only when its worker runs ``setup_worker``: the
+  task's own ``runtime_env`` sets Ray's setup-hook variable to ours, or the task sets none
+  and the job's (or calling worker's, which a task inherits) does; for an actor method, the
+  actor was created so. A
+  task or actor without it, an actor created before ``install`` or whose handle came from
+  elsewhere (``ray.get_actor``, a handle passed in), cross-language and Ray-client calls get
+  nothing.
 * **worker** (``install_worker_side``, run by ``setup_worker`` before the first task):
   ``FunctionActorManager.get_execution_info`` hands Ray the function to run wrapped; the
   wrapper takes ``CARRIER`` out of the keywords and runs the task with the extracted context
