@@ -105,6 +105,9 @@ class TraceReceiver:
             await self._runner.cleanup()
 
 
+_RAY_IMPORTED_HERE: list[bool] = []  # non-empty once the ray_cluster fixture imported ray
+
+
 def processes_with(variable: str, value: str) -> list[int]:
     """PIDs whose environment has ``variable=value`` (how this test finds its Ray processes)."""
     wanted = f"{variable}={value}".encode()
@@ -133,7 +136,12 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str
     monkeypatch.setenv("RAY_TMPDIR", tmpdir)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # no report to the internet
-    assert "ray" not in sys.modules, "ray was imported before its variables were set"
+    # Imported here first (the same variables each time, but the folder, which Ray reads when a
+    # node starts); imported by anything else before, it would have read the host's values.
+    assert "ray" not in sys.modules or _RAY_IMPORTED_HERE, (
+        "ray was imported before its variables were set"
+    )
+    _RAY_IMPORTED_HERE.append(True)
     import ray
     from ray.cluster_utils import Cluster
 
