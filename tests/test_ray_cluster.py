@@ -8,7 +8,10 @@ OpenTelemetry Collector from ``scripts/start-collector.sh`` must show exactly th
 connects, from a process whose ``target_info`` names the second node. A sandbox created in a
 task is traced: the worker exports its spans over OTLP/HTTP to a small receiver in this test,
 which decodes them with opentelemetry-proto (the collector keeps no traces). A task without the
-``runtime_env`` stays plain. Every Ray process is ended (``Cluster.shutdown()``) and checked
+``runtime_env`` stays plain. A task, an actor method and an ``async`` one started inside a
+span of this process, while the plugin is instrumented, export spans in that span's trace,
+with it as their parent; uninstrumented, the same calls start traces of their own. Every Ray
+process is ended (``Cluster.shutdown()``) and checked
 gone by the test's own ``RAY_TMPDIR`` in its environment.
 
 Heavy (a Ray cluster, about a minute on 2 cores): marked ``ray_cluster``, which the main suite

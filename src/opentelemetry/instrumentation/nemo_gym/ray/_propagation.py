@@ -54,8 +54,14 @@ _ONCE = OnceLog(LOGGER)
 CARRIER: Final = "__nemo_gym_otel_context__"
 """The keyword argument the context travels in (taken off before the task runs)."""
 
-# Ray's modules, by release: flatten_args lives in ray._common.signature since Ray 2.44.
-_CALLER_MODULES: Final = ("ray.remote_function", "ray.actor", "ray._common.signature")
+# Ray's modules: flatten_args is in ray._common.signature in Ray 2.60, in
+# ray._private.signature in older releases (where both exist, Ray calls one of them).
+_CALLER_MODULES: Final = (
+    "ray.remote_function",
+    "ray.actor",
+    "ray._common.signature",
+    "ray._private.signature",
+)
 _WORKER_MODULES: Final = ("ray._private.function_manager",)
 # Actors created here that run setup_worker, by actor id; bounded (a long-lived driver that
 # creates actors without end stops recording: their methods then carry nothing).
