@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from types import ModuleType
@@ -114,7 +115,16 @@ def _job_runs_our_hook(state: _CallerState) -> bool:
     return runs
 
 
+def _workers_can_take_it_off() -> bool:
+    """Whether this Ray has the method ``install_worker_side`` wraps (workers run the same
+    Ray release as their caller; Ray refuses a mismatch)."""
+    manager = getattr(sys.modules.get(_WORKER_MODULES[0]), "FunctionActorManager", None)
+    return callable(getattr(manager, "get_execution_info", None))
+
+
 def _task_runs_our_hook(state: _CallerState, runtime_env: object) -> bool:
+    if not _workers_can_take_it_off():
+        return False
     # A runtime_env of the task's own: only its variables are trusted (whether Ray merges the
     # job's into it is Ray's business; missing a context is safe, a stray keyword is not).
     if runtime_env:
@@ -201,7 +211,8 @@ def _actor_creation(
 ) -> Any:
     handle = wrapped(*args, **kwargs)
     state = _STATE
-    if state is not None:
+    # get_if_exists may hand back an actor created elsewhere, with another runtime_env.
+    if state is not None and not kwargs.get("get_if_exists"):
         _checked("actor", lambda: _record_actor(state, handle, kwargs.get("runtime_env")))
     return handle
 
