@@ -8,7 +8,10 @@ OpenTelemetry Collector from ``scripts/start-collector.sh`` must show exactly th
 connects, from a process whose ``target_info`` names the second node. A sandbox created in a
 task is traced: the worker exports its spans over OTLP/HTTP to a small receiver in this test,
 which decodes them with opentelemetry-proto (the collector keeps no traces). A task without the
-``runtime_env`` stays plain. Every Ray process is ended (``Cluster.shutdown()``) and checked
+``runtime_env`` stays plain. A task, an actor method and an ``async`` one started inside a
+span of this process, while the plugin is instrumented, export spans in that span's trace,
+with it as their parent; uninstrumented, the same calls start traces of their own. Every Ray
+process is ended (``Cluster.shutdown()``) and checked
 gone by the test's own ``RAY_TMPDIR`` in its environment.
 
 Heavy (a Ray cluster, about a minute on 2 cores): marked ``ray_cluster``, which the main suite
@@ -76,6 +79,8 @@ class TraceReceiver:
 
     def __init__(self) -> None:
         self.spans: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
+        # span name -> (trace id, span id, parent span id), in hex ("" for no parent).
+        self.ids: dict[str, tuple[str, str, str]] = {}
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -87,6 +92,11 @@ class TraceReceiver:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     self.spans.append((resource, span.name, attributes_of(span.attributes)))
+                    self.ids[span.name] = (
+                        span.trace_id.hex(),
+                        span.span_id.hex(),
+                        span.parent_span_id.hex(),
+                    )
         return web.Response(content_type="application/x-protobuf", body=b"")
 
     async def start(self) -> None:
@@ -96,6 +106,9 @@ class TraceReceiver:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+_RAY_IMPORTED_HERE: list[bool] = []  # non-empty once the ray_cluster fixture imported ray
 
 
 def processes_with(variable: str, value: str) -> list[int]:
@@ -126,7 +139,12 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str
     monkeypatch.setenv("RAY_TMPDIR", tmpdir)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # no report to the internet
-    assert "ray" not in sys.modules, "ray was imported before its variables were set"
+    # Imported here first (the same variables each time, but the folder, which Ray reads when a
+    # node starts); imported by anything else before, it would have read the host's values.
+    assert "ray" not in sys.modules or _RAY_IMPORTED_HERE, (
+        "ray was imported before its variables were set"
+    )
+    _RAY_IMPORTED_HERE.append(True)
     import ray
     from ray.cluster_utils import Cluster
 
@@ -396,3 +414,101 @@ async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_sp
 
     await until(f"saw {REQUESTS} flushed connects to {flushed_destination}", flushed_arrived)
     print(f"flush() at the end of a task (600 s export interval): {REQUESTS} connects arrived")
+
+
+async def test_ray_task_and_actor_method_join_the_callers_trace(
+    ray_cluster: tuple[Any, str, str], servers: tuple[GatedServer, TraceReceiver]
+) -> None:
+    """Inside a driver span, a task and actor methods run in its trace; uninstrumented, not."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+    ray, _, _ = ray_cluster
+    _, receiver = servers
+    env = runtime_env(
+        env_vars={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+    )
+
+    # Defined here so that Ray ships them by value. `**extra` would receive a stray keyword:
+    # each returns the names it got, which must be none.
+    def span_in_worker(name: str, **extra: Any) -> list[str]:
+        from opentelemetry import trace
+
+        from opentelemetry.instrumentation.nemo_gym.ray import flush
+
+        with trace.get_tracer("ray-test").start_as_current_span(name):
+            pass
+        assert flush()
+        return sorted(extra)
+
+    class Spans:
+        def record(self, name: str, **extra: Any) -> list[str]:
+            return span_in_worker(name, **extra)
+
+    class AsyncSpans:
+        async def record(self, name: str, **extra: Any) -> list[str]:
+            return span_in_worker(name, **extra)
+
+    def strict(value: int) -> int:
+        return value
+
+    def raises(message: str) -> None:
+        raise ValueError(message)
+
+    # Instrumented first, as opentelemetry-instrument does: an actor is known to run
+    # setup_worker when it is created while instrumented.
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.instrument(connection_pool=False, sandbox_resources=False, pressure=False)
+    try:
+        task = ray.remote(span_in_worker).options(runtime_env=env)
+        actor = ray.remote(Spans).options(runtime_env=env).remote()
+        async_actor = ray.remote(AsyncSpans).options(runtime_env=env).remote()
+        tracer = TracerProvider().get_tracer("driver")
+        run = uuid.uuid4().hex[:8]
+
+        async def calls(label: str) -> tuple[str, str]:
+            """The three calls inside a driver span: its trace id and span id."""
+            with tracer.start_as_current_span(f"driver-{label}") as driver:
+                refs = [
+                    task.remote(f"task-{label}-{run}"),
+                    actor.record.remote(f"actor-{label}-{run}"),
+                    async_actor.record.remote(f"async-actor-{label}-{run}"),
+                    # No runtime_env: its worker has no setup_worker, so nothing is sent to it.
+                    ray.remote(strict).remote(5),
+                ]
+            results = await asyncio.to_thread(ray.get, refs, timeout=BOUND_S)
+            assert results == [[], [], [], 5]  # arguments and results as without the plugin
+            context = driver.get_span_context()
+            return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+        def spans_of(label: str) -> dict[str, tuple[str, str, str]]:
+            names = [f"{kind}-{label}-{run}" for kind in ("task", "actor", "async-actor")]
+            return {name: receiver.ids[name] for name in names if name in receiver.ids}
+
+        trace_id, span_id = await calls("joined")
+        with tracer.start_as_current_span("driver-error"):
+            failing = ray.remote(raises).options(runtime_env=env).remote("boom")
+        with pytest.raises(ValueError, match="boom"):  # the task's own exception, unchanged
+            await asyncio.to_thread(ray.get, failing, timeout=BOUND_S)
+    finally:
+        instrumentor.uninstrument()
+    await until("received the joined spans", lambda: len(spans_of("joined")) == 3)
+    joined = spans_of("joined")
+    for name, (span_trace, _, parent) in joined.items():
+        print(f"{name}: trace {span_trace} parent {parent} (driver {trace_id} {span_id})")
+        assert (span_trace, parent) == (trace_id, span_id), name
+
+    # Not instrumented: the same calls start their own traces, exactly as before.
+    plain_trace, _ = await calls("plain")
+    await until("received the plain spans", lambda: len(spans_of("plain")) == 3)
+    for name, (span_trace, _, parent) in spans_of("plain").items():
+        assert span_trace != plain_trace, name
+        assert parent == "", name

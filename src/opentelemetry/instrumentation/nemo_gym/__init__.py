@@ -138,6 +138,13 @@ from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     uninstall as _uninstall_uvicorn_pressure,
 )
+from opentelemetry.instrumentation.nemo_gym.ray import _runs_setup_worker
+from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+    install as _install_ray_propagation,
+)
+from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+    uninstall as _uninstall_ray_propagation,
+)
 from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
@@ -320,6 +327,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _install_rollout_span(kwargs.get("tracer_provider"))
         except Exception:
             logger.exception("nemo_gym: rollout spans failed; skipped")
+        # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
+        # where their workers run setup_worker; Ray's modules are patched when imported.
+        try:
+            _install_ray_propagation(_runs_setup_worker)
+        except Exception:
+            logger.exception("nemo_gym: carrying the trace context into Ray tasks failed; skipped")
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
@@ -448,6 +461,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _uninstall_rollout_span()
         except Exception:
             logger.exception("nemo_gym: restoring nemo_gym's ServerClient.request failed")
+        try:
+            _uninstall_ray_propagation()
+        except Exception:
+            logger.exception("nemo_gym: restoring Ray's task submission failed")
         try:
             _uninstall_server_labels()
         except Exception:

@@ -16,10 +16,14 @@ credentials, its run (``NEMO_GYM_OTEL_RUN_ID``, the resource's ``nemo.run.id``),
 worker setup hook, set to ``setup_worker``, which configures the SDK
 from them as ``opentelemetry-instrument`` would (its distro, configurator and every
 installed instrumentor, this plugin included), once per worker process, before the worker
-runs its first task. The ``nemo_gym`` resource detector
-is added to ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``, so each worker's resource names Ray's
-node id and worker id. This module is the only one that imports ``ray``: in the worker's hook,
-and for the name of Ray's setup-hook variable where Ray is installed (a fallback otherwise).
+runs its first task. A task or actor method started inside a span, in a process where
+``NemoGymInstrumentor`` is instrumented, runs in that span's trace when its worker runs
+``setup_worker`` (the task's or actor's ``runtime_env``, else the job's, is one of these).
+The ``nemo_gym`` resource detector is added to ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``, so
+each worker's resource names Ray's node id and worker id. This package is the only one that
+imports ``ray``: in the worker's hook, for the name of Ray's setup-hook variable where Ray is
+installed (a fallback otherwise), and where Ray submits a task (``_propagation``, which
+patches Ray's modules once the application imports them).
 
 Ray writes a runtime_env in plain text into ``runtime_env_agent.log`` and shows it on its
 dashboard, so credentials stay out of it by default: the OTLP headers (where API keys and
@@ -158,6 +162,16 @@ def setup_worker() -> None:
     is logged, and the worker runs its tasks without it.
     """
     try:
+        # First, whatever else fails: a caller that sees this hook in the runtime_env sends
+        # its trace context along with the task, for this worker to take off again.
+        from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+            install_worker_side,
+        )
+
+        install_worker_side()
+    except Exception:
+        logger.exception("nemo_gym: joining Ray tasks to their caller's trace failed")
+    try:
         if _sdk_configured():
             logger.debug("nemo_gym: OpenTelemetry already configured in this Ray worker")
             return
@@ -267,6 +281,17 @@ def _setup_hook_variable() -> str:
         return _SETUP_HOOK_VARIABLE
     name = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", _SETUP_HOOK_VARIABLE)
     return name if isinstance(name, str) and name else _SETUP_HOOK_VARIABLE
+
+
+def _runs_setup_worker(runtime_env: object) -> bool:
+    """Whether a Ray ``runtime_env`` (a mapping, or ``None``) has its workers run
+    ``setup_worker``: Ray's setup-hook variable in its ``env_vars`` names ours."""
+    if not isinstance(runtime_env, Mapping):
+        return False
+    variables = runtime_env.get("env_vars")
+    if not isinstance(variables, Mapping):
+        return False
+    return variables.get(_setup_hook_variable()) == SETUP_HOOK
 
 
 def _with_our_detector(configured: str) -> str:
