@@ -99,7 +99,8 @@ SECTIONS: dict[str, Section] = {
     ),
     "ray_cluster": Section(
         "needs Ray (.venv-ray, from scripts/ray-env.sh) and the collector; run: "
-        ".venv-ray/bin/python -m pytest -m ray_cluster tests/test_ray_cluster.py",
+        ".venv-ray/bin/python -m pytest -m ray_cluster tests/test_ray_cluster.py "
+        "tests/test_ray_walkthrough.py",
         # Not imported here: Ray reads its variables at import, which the test sets first.
         _importable("ray", "bash scripts/ray-env.sh", load=False),
     ),

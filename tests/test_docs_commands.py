@@ -10,7 +10,9 @@ CONTRIBUTING.md and every page of docs/. Each is run once, however many pages sh
 * the install lines (``INSTALL_SEQUENCE``) run in order in a throwaway virtualenv, as a user
   with that virtualenv active would run them, ending with the zero-code command;
 * the NeMo Gym deployment walk-through's commands are run by
-  tests/test_nemo_gym_deployment.py, its two shells in order.
+  tests/test_nemo_gym_deployment.py, its two shells in order;
+* the Ray walk-through's commands (docs/identity-and-ray.md) are run by
+  tests/test_ray_walkthrough.py, on a Ray cluster of its own.
 
 ``test_docs_commands_all_accounted_for`` fails when a page gains a command this file does not
 know, or loses one it does.
@@ -39,6 +41,7 @@ from nemo_gym_deployment import (
     deployment_shells,
     fill,
 )
+from ray_walkthrough import RAY_PAGE, walkthrough_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -160,6 +163,13 @@ _NEMO_GYM_DEPLOYMENT = {command for command, _ in page_commands(deployment_secti
 # docs/tracing.md queries the deployment's Jaeger: tests/test_nemo_gym_deployment.py runs it
 # against that run's 300 traces (test_deployment_tracing_page_lists_the_slowest_rollouts).
 _NEMO_GYM_TRACING = {command for command, _ in page_commands(TRACING_PAGE.read_text("utf-8"))}
+# docs/identity-and-ray.md's Ray walk-through needs Ray (.venv-ray) and starts a cluster:
+# tests/test_ray_walkthrough.py runs it as written, in .ci/run's ray_cluster section.
+_RAY_WALKTHROUGH = {
+    command
+    for command, _ in page_commands(RAY_PAGE.read_text("utf-8"))
+    if any(typed.startswith(command) for typed in walkthrough_commands())
+}
 RUN_AS_WRITTEN = [
     (command, shown)
     for command, shown in COMMANDS.items()
@@ -167,6 +177,7 @@ RUN_AS_WRITTEN = [
     and command not in INSTALL_SEQUENCE
     and command not in _NEMO_GYM_DEPLOYMENT
     and command not in _NEMO_GYM_TRACING
+    and command not in _RAY_WALKTHROUGH
 ]
 
 
@@ -177,8 +188,8 @@ PYTHON_NOT_RUN = {
         "tests/test_connection_pool.py and tests/test_pool_telemetry.py make these calls"
     ),
     "ray.init(": (
-        "needs a Ray cluster on loopback; tests/test_ray_cluster.py runs the same task on one, "
-        "in .ci/run's ray_cluster section"
+        "ray_task.py of the Ray walk-through: tests/test_ray_walkthrough.py runs it as written "
+        "on a Ray cluster, in .ci/run's ray_cluster section"
     ),
 }
 # Runs a page's python block as a module would, top-level ``await`` included.
@@ -237,6 +248,7 @@ def test_docs_commands_all_accounted_for() -> None:
         once_each = [name for name, _ in commands if name not in _NEMO_GYM_DEPLOYMENT]
         assert len(once_each) == len(set(once_each)), f"a command appears twice in {page.name}"
     assert len(_NEMO_GYM_DEPLOYMENT) >= 10, _NEMO_GYM_DEPLOYMENT
+    assert len(_RAY_WALKTHROUGH) == 3, _RAY_WALKTHROUGH
     for command in [*NOT_RUN_HERE, *INSTALL_SEQUENCE]:
         assert command in names, f"{command!r} is no longer on any page"
     for fragment in [*EXIT_STATUS, *MUST_SHOW, *MUST_NOT_SHOW]:

@@ -45,6 +45,7 @@ def test_sections_main_suite_deselects_not_skips() -> None:
         "tests/test_nemo_gym_deployment.py",
         "tests/test_nemo_gym_server_client.py",
         "tests/test_ray_cluster.py",
+        "tests/test_ray_walkthrough.py",
     ]
     done = pytest_run("--co", *files)
     assert done.returncode == NO_TESTS_RAN, done.stdout + done.stderr
