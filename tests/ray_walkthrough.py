@@ -1,4 +1,4 @@
-"""The Ray walk-through of docs/identity-and-ray.md: its ``console`` block and ``ray_task.py``.
+"""The Ray walk-through of docs/identity-and-ray.md: its ``console`` block and its ray_task.py.
 
 Read from the page by tests/test_ray_walkthrough.py, which runs them, and by
 tests/test_docs_commands.py, which leaves them to it.
@@ -28,7 +28,7 @@ def walkthrough_commands() -> list[str]:
 
 
 def ray_task_source() -> str:
-    """The page's ``ray_task.py``: its one ``python`` block that calls ``ray.init(``."""
+    """The page's ray_task.py: its one ``python`` block that calls ``ray.init(``."""
     blocks = [block for block in _blocks("python") if "ray.init(" in block]
     assert len(blocks) == 1, f"{RAY_PAGE.name}: {len(blocks)} python blocks call ray.init("
     return blocks[0]

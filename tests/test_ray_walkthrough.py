@@ -2,10 +2,10 @@
 collector shows the worker's one connect.
 
 The page's ``console`` block runs in one ``bash`` from a folder holding the page's
-``ray_task.py``, in the environment of a user's shell where the collector's ``eval`` line ran
+its ray_task.py, in the environment of a user's shell where the collector's ``eval`` line ran
 (a collector of the test's own, from ``scripts/start-collector.sh --env``), with this
 virtualenv's ``ray`` and ``python`` first on ``PATH``. Only the head node's port is changed (to
-a free one, in the block and in ``ray_task.py``, where the page has it); Ray's temporary folder
+a free one, in the block and in ray_task.py, where the page has it); Ray's temporary folder
 is the test's own (``RAY_TMPDIR``, whose value no command shows), and ``RAY_AUTH_MODE=disabled``
 is set, as the page tells a user on a machine of their own. Every Ray process the walk-through
 started is ended by PID (by that ``RAY_TMPDIR`` in its environment), never by ``ray stop``, and
@@ -134,7 +134,7 @@ def worker_connects(prometheus_url: str) -> list[float]:
 def test_ray_walkthrough_prints_200_and_the_collector_shows_the_connect(
     shell_environment: dict[str, str], tmp_path: Path
 ) -> None:
-    """The page's commands and ``ray_task.py`` print ``200``; the worker's one connect reaches
+    """The page's commands and its ray_task.py print ``200``; the worker's one connect reaches
     the collector as the page shows it."""
     port = str(free_port())
     commands = fill(walkthrough_commands(), {HEAD_PORT: port})
