@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -230,13 +231,16 @@ def otlp_environment(collector: Collector, service: str, instance: str) -> dict[
 
 
 def collector_config(otlp_port: int, prometheus_port: int) -> str:
-    """``scripts/collector/config.yaml.in`` with these ports (and free ones for the rest)."""
+    """``scripts/collector/config.yaml.in`` with these ports (and free ones for the rest), as
+    start-collector.sh writes it without ``--jaeger``: no Jaeger exporter, traces to debug."""
     text = (ROOT / "scripts" / "collector" / "config.yaml.in").read_text()
+    text = re.sub(r"\n[^\n]*@JAEGER_BEGIN@.*?@JAEGER_END@[^\n]*", "", text, flags=re.DOTALL)
     for key, value in {
         "@OTLP_HTTP_PORT@": otlp_port,
         "@OTLP_GRPC_PORT@": free_port(),
         "@PROMETHEUS_PORT@": prometheus_port,
         "@SELF_METRICS_PORT@": free_port(),
+        "@TRACES_EXPORTER@": "debug",
     }.items():
         text = text.replace(key, str(value))
     return text
