@@ -542,3 +542,20 @@ def same_failure(plain: BaseException | str, timed: BaseException | str) -> None
     assert isinstance(timed, BaseException), timed
     assert type(timed) is type(plain)
     assert str(timed) == str(plain)
+
+
+def processes_with(variable: str, value: str) -> list[int]:
+    """PIDs whose environment has ``variable=value``: how the Ray tests find the processes
+    they started (by a variable only they set), to end those alone, by PID."""
+    wanted = f"{variable}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environment:
+            found.append(int(entry.name))
+    return found

@@ -31,7 +31,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +43,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_support import free_port, http_status, running_collector
-from conftest import GatedServer, serve_on_loopback
+from conftest import GatedServer, processes_with, serve_on_loopback
 from opentelemetry.instrumentation.nemo_gym.ray import runtime_env
 
 pytestmark = [
@@ -109,22 +108,6 @@ class TraceReceiver:
 
 
 _RAY_IMPORTED_HERE: list[bool] = []  # non-empty once the ray_cluster fixture imported ray
-
-
-def processes_with(variable: str, value: str) -> list[int]:
-    """PIDs whose environment has ``variable=value`` (how this test finds its Ray processes)."""
-    wanted = f"{variable}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environment = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if wanted in environment:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture

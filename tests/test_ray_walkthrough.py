@@ -33,6 +33,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_support import START_COLLECTOR, free_port
+from conftest import processes_with
 from nemo_gym_deployment import fill
 from ray_walkthrough import HEAD_PORT, ray_task_source, walkthrough_commands
 
@@ -40,22 +41,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 CONNECTS = "gym_http_connection_pool_connect_total"
 BOUND_S = 60.0
-
-
-def processes_with(variable: str, value: str) -> list[int]:
-    """PIDs whose environment has ``variable=value``: the Ray processes this test started."""
-    wanted = f"{variable}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environment = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if wanted in environment:
-            found.append(int(entry.name))
-    return found
 
 
 def end_ray_processes(ray_tmpdir: str) -> None:
