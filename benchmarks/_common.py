@@ -160,8 +160,9 @@ def bare_recorder(provider: MeterProvider) -> Callable[[], None]:
     return record_once
 
 
-# The queue-wait histogram under page 004's name and under the semantic-convention name that
-# OTEL_SEMCONV_STABILITY_OPT_IN=http selects (http/dup emits both: the first present counts).
+# The queue-wait histogram under NeMo Gym's connection-pool name and under the semantic-convention
+# name that OTEL_SEMCONV_STABILITY_OPT_IN=http selects (http/dup emits both: the first present
+# counts).
 QUEUE_HISTOGRAM_NAMES = (_instruments.QUEUE_DURATION, "http.client.request.time_in_queue")
 
 # Our naming modes: the value of OTEL_SEMCONV_STABILITY_OPT_IN each one runs with (None: unset).

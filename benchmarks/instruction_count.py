@@ -67,7 +67,7 @@ _TYPE_CACHE_MISS_FUNCTION = "find_name_in_mro"
 # addresses, so with randomised addresses its hits and misses, and the count, vary by run.
 _NO_ASLR = ("setarch", platform.machine(), "--addr-no-randomize") if shutil.which("setarch") else ()
 
-# Targets from issue 12, and the bounds --check enforces: the targets with a margin, because
+# Targets for the hot path, and the bounds --check enforces: the targets with a margin, because
 # instruction counts move with aiohttp, SDK and CPython versions even when our code does not.
 UNQUEUED_TARGET = 1_500  # added instructions for a request that does not queue
 UNQUEUED_BOUND = 2_500  # ... type-cache misses not counted (see _TYPE_CACHE_MISS_FUNCTION)

@@ -138,5 +138,5 @@ def all_expressions() -> list[Expression]:
 
 
 def needs_sandbox_metrics(expression: Expression) -> bool:
-    """Whether ``expression`` reads the sandbox fleet counters (issue 9's instruments)."""
+    """Whether ``expression`` reads the sandbox fleet counters (the fleet's instruments)."""
     return any(name in expression.promql for name in SANDBOX_METRICS)

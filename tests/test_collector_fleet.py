@@ -9,8 +9,8 @@ resource: every process has its own ``service.instance.id`` (here set through
 ``OTEL_RESOURCE_ATTRIBUTES``), which the collector's Prometheus exporter turns into the
 ``instance`` label (``service.name`` into ``job``), with one ``target_info`` series each.
 
-Set ``NEMO_GYM_FLEET_REPORT=path`` to write the scraped series there (the closing note of
-issue 18 pastes them).
+Set ``NEMO_GYM_FLEET_REPORT=path`` to write the scraped series there (a record of the
+series a run scraped).
 """
 
 from __future__ import annotations

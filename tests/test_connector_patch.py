@@ -1,6 +1,6 @@
 """The construction patch on ``aiohttp.TCPConnector.__init__``: exact restore, stacking, errors.
 
-Issue 8, item 9: ``uninstrument()`` used to leave a ``__new__`` behind, change
+``uninstrument()`` used to leave a ``__new__`` behind, change
 ``inspect.signature(TCPConnector)``, undo other libraries' patches and misname the class in
 construction errors; the capacity report remembered every configuration forever.
 """

@@ -1,7 +1,8 @@
-"""Every name on reference page 004 exists in connection_pool with its documented signature.
+"""Every documented name of nemo_gym.telemetry.connection_pool exists in ours, with its
+documented signature.
 
 One deliberate departure: ``QueueTimedTCPConnector.connect`` is a plain method returning
-aiohttp's coroutine (issue 12: no coroutine frame of our own on the hot path). Its parameters
+aiohttp's coroutine (no coroutine frame of our own on the hot path). Its parameters
 stay as documented; what awaiting it gives is tested against a real server.
 """
 
@@ -32,7 +33,8 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import Poo
 P = inspect.Parameter
 EMPTY = inspect.Parameter.empty
 
-# (name, kind, default, annotation) per parameter, then the return annotation, as on page 004.
+# (name, kind, default, annotation) per parameter, then the return annotation, as
+# nemo_gym.telemetry.connection_pool documents them.
 Documented = tuple[list[tuple[str, Any, Any, Any]], Any]
 
 DOCUMENTED_FUNCTIONS: dict[str, Documented] = {
@@ -194,10 +196,11 @@ def test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters() -> None:
     """connect() takes exactly aiohttp's parameters (names, kinds, defaults), annotated as a
     plain def returning the coroutine that awaiting gives a Connection.
 
-    Page 004 documents ``async connect(req, *args, **kwargs) -> Connection``. Ours departs from
-    the letter for the hot path (issue 12): no coroutine frame of its own, and no packing and
-    re-spreading of the arguments; every call aiohttp's connect() accepts, ours accepts and
-    passes on unchanged. This test fails when an aiohttp release changes the parameters.
+    nemo_gym.telemetry.connection_pool documents
+    ``async connect(req, *args, **kwargs) -> Connection``. Ours departs from the letter for the
+    hot path: no coroutine frame of its own, and no packing and re-spreading of the arguments;
+    every call aiohttp's connect() accepts, ours accepts and passes on unchanged. This test
+    fails when an aiohttp release changes the parameters.
     """
     theirs = aiohttp.TCPConnector.connect
     ours = cp.QueueTimedTCPConnector.connect

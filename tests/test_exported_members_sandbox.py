@@ -1,4 +1,5 @@
-"""Every name on reference page 000 exists in resource_telemetry with its documented signature."""
+"""Every documented name of nemo_gym.sandbox.resource_telemetry exists in ours, with its
+documented signature."""
 
 from __future__ import annotations
 

@@ -247,7 +247,7 @@ async def test_max_destinations_env_bad_value_warns_once_and_uses_100(
     ]
 
 
-# --- connections_created stays exact under churn (issue 22) -----------------------------------
+# --- connections_created stays exact under churn ----------------------------------------------
 
 
 class _IncreaseReader:

@@ -1,4 +1,5 @@
-"""Issue 8's pool breaks, one test each: every one of these failed on the module-global design.
+"""The pool's breaks under module-global state, one test each: every one of these failed on
+the module-global design.
 
 Explicit meter providers report only their own connectors; a copied connector works; an
 introspection error never reaches a request; a fork while a telemetry lock is held does not

@@ -1,4 +1,4 @@
-"""Pool-state gauges (issue 10): exact numbers of active, idle and waiting connections.
+"""Pool-state gauges: exact numbers of active, idle and waiting connections.
 
 Connections are held active by requests waiting in a gated loopback server, left idle by
 keep-alive after the gate opens, and requests are queued behind the limits; each collection is

@@ -78,8 +78,9 @@ SCOPE = "opentelemetry.instrumentation.nemo_gym"
 SERVER = "nemo_gym_http_destination_server_name"
 CONSTRAINT = "nemo_gym_http_connection_pool_queue_constraint"
 OUTCOME = "nemo_gym_http_connection_pool_queue_outcome"
-# (destination, binding limit, how the wait ended). Page 004 names the end in an outcome
-# label; the semantic conventions set error.type (the exception's class) on abandoned waits.
+# (destination, binding limit, how the wait ended). nemo_gym.telemetry.connection_pool names the end
+# in an outcome label; the semantic conventions set error.type (the exception's class) on abandoned
+# waits.
 EXPECTED_QUEUE_SERIES = {
     ("policy", "total", "ok"),
     ("resources", "per_host", "ok"),
@@ -365,7 +366,7 @@ def test_prometheus_connect_counter_counts_every_pool_acquisition(run: Run) -> N
 
 
 def _ended(outcome_or_error_type: str | None) -> str:
-    """``ok`` or ``abandoned``, from page 004's outcome or the conventions' error type."""
+    """``ok`` or ``abandoned``, from the pool API's outcome or the conventions' error type."""
     if outcome_or_error_type in (None, "", "ok"):
         return "ok"
     return "abandoned"

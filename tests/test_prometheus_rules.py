@@ -26,8 +26,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "prometheus"
 RULES = EXAMPLE / "rules.yml"
 RULES_TEST = EXAMPLE / "rules_test.yml"
 
-# The two names of the queue-wait histogram: page 004's (default) and the semantic
-# conventions' (OTEL_SEMCONV_STABILITY_OPT_IN=http).
+# The two names of the queue-wait histogram: NeMo Gym's connection-pool API's (default) and
+# the semantic conventions' (OTEL_SEMCONV_STABILITY_OPT_IN=http).
 QUEUE_HISTOGRAMS = (
     "gym_http_connection_pool_queue_duration_ms_milliseconds",
     "http_client_request_time_in_queue_seconds",

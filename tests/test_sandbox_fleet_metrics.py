@@ -318,9 +318,9 @@ async def test_resource_sampler_by_hand_compares_record_request(
     global_meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
 ) -> None:
-    """A sampler built by hand over record_request(spec, ...), as page 000 shows, compares
-    the allocation with the requested shape in its attributes, and counts OOM kills as the
-    difference between its successive samples."""
+    """A sampler built by hand over record_request(spec, ...), as
+    nemo_gym.sandbox.resource_telemetry shows, compares the allocation with the requested shape in
+    its attributes, and counts OOM kills as the difference between its successive samples."""
     provider = CappingProvider()
     handle = await provider.create(SandboxSpec())
     attributes = record_request(

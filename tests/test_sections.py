@@ -2,7 +2,7 @@
 and a failure, never a skip, when selected without what they need.
 
 Each case runs pytest itself in a real subprocess, with ``CI`` unset: that ``CI=true`` is not
-what turns a missing service into a failure is the point (issue 22, item 10).
+what turns a missing service into a failure is the point.
 """
 
 from __future__ import annotations

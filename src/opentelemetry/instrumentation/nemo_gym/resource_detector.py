@@ -52,6 +52,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
     ATTR_RUN_ID,
@@ -73,8 +74,8 @@ __all__ = ["NemoGymResourceDetector", "in_ray_system_process"]
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
 
-_SERVICE_NAME = "service.name"
-_SERVICE_INSTANCE_ID = "service.instance.id"
+_SERVICE_NAME = _names.ATTR_SERVICE_NAME
+_SERVICE_INSTANCE_ID = _names.ATTR_SERVICE_INSTANCE_ID
 _PROCESS_PID = "process.pid"
 _PROCESS_PARENT_PID = "process.parent_pid"
 

@@ -52,12 +52,12 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
     nemo_gym_recording,
 )
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
-from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import METER_NAME
 
 __all__ = [
     "ATTR_GC_GENERATION",
@@ -277,7 +277,7 @@ class _ProcessPressure:
     """The instruments of one meter provider, made once per process."""
 
     def __init__(self, provider: metrics.MeterProvider, version: str) -> None:
-        meter = provider.get_meter(METER_NAME, version)
+        meter = provider.get_meter(_names.METER_NAME, version)
         self.lag = meter.create_histogram(
             LOOP_LAG,
             unit="ms",

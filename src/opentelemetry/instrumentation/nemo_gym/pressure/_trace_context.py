@@ -4,7 +4,7 @@ uvicorn starts a task per request, and a task copies the context current where i
 That is not always an empty one: a connection's read callback may be re-armed from inside an
 earlier request's task (``resume_reading`` when its response completes), and a pipelined
 request is started from there, so the next request's task inherits the earlier request's
-context, its server span current (CPython issue 140947; uvicorn's opt-in
+context, its server span current (a CPython bug, gh-140947; uvicorn's opt-in
 ``reset_contextvars`` works around it, NeMo Gym does not set it). The ASGI instrumentation
 then sees a span already current and makes the new request's span an ``internal`` child of
 the other request, in the other request's trace: in a NeMo Gym deployment of 300 rollouts,

@@ -43,6 +43,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import RUN_ID_VARIABLE
 
@@ -58,7 +59,7 @@ _DETECTORS: Final = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 _RESOURCE_ATTRIBUTES: Final = "OTEL_RESOURCE_ATTRIBUTES"
 _OUR_DETECTOR: Final = "nemo_gym"
 _SERVICE_NAME_VARIABLE: Final = "OTEL_SERVICE_NAME"
-_PROCESS_IDENTITY: Final = frozenset({"service.name", "service.instance.id"})
+_PROCESS_IDENTITY: Final = frozenset({_names.ATTR_SERVICE_NAME, _names.ATTR_SERVICE_INSTANCE_ID})
 _SETUP_HOOK_VARIABLE: Final = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 # opentelemetry-instrument's own settings live in OTEL_* too; PYTHONPATH is not copied: the
 # driver's paths mean nothing on another node, and the hook does what its sitecustomize does.

@@ -15,6 +15,8 @@ from typing import Final
 
 from opentelemetry.util.types import AttributeValue
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
+
 ATTR_COMPONENT: Final = "ray.component"
 ATTR_NODE_ID: Final = "ray.node.id"
 ATTR_WORKER_ID: Final = "ray.worker.id"
@@ -68,7 +70,7 @@ def ray_process_attributes(
     if component is None:
         return {}
     attributes: dict[str, AttributeValue] = {
-        "service.name": f"ray.{component}",
+        _names.ATTR_SERVICE_NAME: f"ray.{component}",
         ATTR_COMPONENT: component,
     }
     if component == _component_of(argv):  # a forked module child has none of its own

@@ -1,10 +1,10 @@
 """The values a resource provider reports: designators, component allocations, allocations.
 
 Plain frozen values and the ``ResourceProvider`` protocol, with no I/O and no OpenTelemetry;
-``resource_telemetry`` (where reference page 000 documents them) re-exports every name. Each
-value validates itself on construction, so a NaN, an infinity, a negative amount or a
-credential never becomes a span attribute through one. ``PREFIX`` and ``Attribute`` live here,
-at the bottom of the sandbox modules, so every other module can import them without a cycle.
+``resource_telemetry`` (the documented API, ``nemo_gym.sandbox.resource_telemetry``) re-exports
+every name. Each value validates itself on construction, so a NaN, an infinity, a negative amount or
+a credential never becomes a span attribute through one. ``PREFIX`` and ``Attribute`` live here, at
+the bottom of the sandbox modules, so every other module can import them without a cycle.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxHandle,
     SandboxResourceAmounts,
@@ -22,7 +23,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 
 Attribute = str | int | float | bool
 
-PREFIX = "nemo.gym.sandbox."
+PREFIX = _names.SANDBOX_PREFIX
 
 # A parameter (``name=value``) in a connection string or query. Its name is split into words
 # and refused when a word (or the whole name) says it holds a secret, so ``client_secret``,

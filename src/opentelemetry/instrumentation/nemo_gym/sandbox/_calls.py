@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, Status, StatusCode
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import error_type_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
@@ -61,7 +62,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 
 EXEC_RETURN_CODE = PREFIX + "exec.return_code"
 EXEC_ERROR_TYPE = PREFIX + "exec.error_type"
-ERROR_TYPE = "error.type"
+ERROR_TYPE = _names.ATTR_ERROR_TYPE
 
 # NeMo Gym's optional provider capabilities that act on a handle (the first argument), and
 # the span each call is. Their results (endpoint URLs with routing headers, PTY sessions,

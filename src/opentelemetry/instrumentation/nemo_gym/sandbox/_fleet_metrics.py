@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
@@ -66,7 +67,7 @@ __all__ = [
 LOGGER = logging.getLogger(__name__)
 _ONCE = OnceLog(LOGGER)
 
-METER_NAME: Final = "opentelemetry.instrumentation.nemo_gym"
+METER_NAME: Final = _names.METER_NAME
 
 CREATIONS: Final = "gym.sandbox.creations"
 CREATIONS_UNIT: Final = "{sandbox}"
@@ -75,9 +76,9 @@ OOM_KILLS_UNIT: Final = "{kill}"
 MISMATCHES: Final = "gym.sandbox.allocation.mismatches"
 MISMATCHES_UNIT: Final = "{mismatch}"
 
-ATTR_PROVIDER: Final = "nemo.gym.sandbox.provider"
+ATTR_PROVIDER: Final = _names.ATTR_SANDBOX_PROVIDER
 ATTR_OUTCOME: Final = "nemo.gym.sandbox.outcome"
-ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_ERROR_TYPE: Final = _names.ATTR_ERROR_TYPE
 ATTR_RESOURCE: Final = "nemo.gym.sandbox.resource"
 ATTR_MISMATCH: Final = "nemo.gym.sandbox.mismatch"
 
@@ -87,7 +88,7 @@ OUTCOME_FAILED: Final = "failed"
 # Provider names come from code and configs, so they are few; a bound keeps a misbehaving
 # caller (a name per sandbox) from exploding the series count. Later names become "other".
 MAX_PROVIDER_LABELS: Final = 100
-_OTHER: Final = "other"
+_OTHER: Final = _names.OVERFLOW_LABEL_VALUE
 
 
 def error_type_of(error: BaseException) -> str:
@@ -253,7 +254,7 @@ _BY_PROVIDER: PerProvider[SandboxFleetMetrics] = PerProvider()
 def usage_value(sample: Mapping[str, Any], quantity: str) -> Any:
     """A usage value, whether the sample's keys carry the ``nemo.gym.sandbox.`` prefix or not."""
     key = "usage." + quantity
-    return sample.get("nemo.gym.sandbox." + key, sample.get(key))
+    return sample.get(_names.SANDBOX_PREFIX + key, sample.get(key))
 
 
 def new_oom_kills(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> int:

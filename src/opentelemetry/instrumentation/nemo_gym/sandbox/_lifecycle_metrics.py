@@ -195,7 +195,7 @@ class SandboxLifecycleMetrics:
             description="Highest memory use any sandbox reached, by provider and NeMo Gym server.",
         )
         self._providers = CappedLabels("provider")
-        self._error_types = CappedLabels("error.type")
+        self._error_types = CappedLabels(ATTR_ERROR_TYPE)
         self._lock = threading.Lock()
         # Sandboxes counted +1 on gym.sandbox.active -> the provider label they were counted
         # under: only those are counted -1, under the same label.

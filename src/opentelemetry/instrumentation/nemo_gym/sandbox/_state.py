@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 
-from opentelemetry.instrumentation.nemo_gym._shared import _exporting
+from opentelemetry.instrumentation.nemo_gym._shared import _exporting, _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     DEFAULT_INTERVAL_S,
@@ -47,7 +47,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanPro
 
 LOGGER = logging.getLogger(__name__)
 
-SCOPE_NAME = "opentelemetry.instrumentation.nemo_gym"
+SCOPE_NAME = _names.TRACER_NAME
 
 SandboxKey = tuple[str, str]
 

@@ -131,8 +131,9 @@ class TCPConnectorPatch:
             )
 
 
-# NeMo Gym's own implementation of reference page 004. Where it is loaded, NeMo Gym reports its
-# servers' pool sizing itself, with the same line prefix and keys as ours.
+# NeMo Gym's own implementation of this API (nemo_gym.telemetry.connection_pool). Where it is
+# loaded, NeMo Gym reports its servers' pool sizing itself, with the same line prefix and keys
+# as ours.
 NEMO_GYM_POOL_MODULE = "nemo_gym.telemetry.connection_pool"
 
 

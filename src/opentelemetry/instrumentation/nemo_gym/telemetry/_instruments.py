@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Final
 
-METER_NAME: Final = "opentelemetry.instrumentation.nemo_gym"
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 
-# --- page 004's names (the default, what NeMo Gym's own dashboards use) ---------------------
+METER_NAME: Final = _names.METER_NAME
+
+# --- nemo_gym.telemetry.connection_pool's names (the default, what NeMo Gym's dashboards use) -
 
 QUEUE_DURATION: Final = "gym.http.connection_pool.queue_duration_ms"
 QUEUE_DURATION_UNIT: Final = "ms"
@@ -84,7 +86,7 @@ TIME_IN_QUEUE_BUCKETS: Final[tuple[float, ...]] = (
 ATTR_SERVER_ADDRESS: Final = "server.address"
 ATTR_SERVER_PORT: Final = "server.port"
 ATTR_URL_SCHEME: Final = "url.scheme"
-ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_ERROR_TYPE: Final = _names.ATTR_ERROR_TYPE
 
 # --- pool state, read from the live connectors at collection time (every naming mode) -------
 

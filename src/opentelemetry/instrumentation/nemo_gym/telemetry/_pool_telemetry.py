@@ -40,6 +40,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._otel_private import private_name
 from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
@@ -67,7 +68,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._pool_observations import 
 
 logger = logging.getLogger(__name__)
 
-OTHER_LABEL: Final = "other"
+OTHER_LABEL: Final = _names.OVERFLOW_LABEL_VALUE
 DEFAULT_BATCH_SIZE: Final = 128
 _MAX_CACHED_ATTRIBUTE_SETS: Final = 4096
 
@@ -129,7 +130,7 @@ def is_api_proxy(meter_provider: object) -> bool:
 class SemconvMode:
     """Which queue-wait histogram names to emit (``OTEL_SEMCONV_STABILITY_OPT_IN``, as contrib)."""
 
-    DEFAULT: Final = "default"  # page 004's gym.http.connection_pool.queue_duration_ms
+    DEFAULT: Final = "default"  # NeMo Gym's gym.http.connection_pool.queue_duration_ms
     HTTP: Final = "http"  # http.client.request.time_in_queue, in seconds
     HTTP_DUP: Final = "http/dup"  # both
 

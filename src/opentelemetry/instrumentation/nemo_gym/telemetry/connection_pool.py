@@ -38,7 +38,8 @@ from opentelemetry.instrumentation.nemo_gym.telemetry import _aiohttp_compat
 from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import destination
 
 # The documented names live in the pure-arithmetic module; they are re-exported here, where
-# page 004 documents them (the redundant aliases mark the private ones as re-exports).
+# the documented API (nemo_gym.telemetry.connection_pool) has them (the redundant aliases mark
+# the private ones as re-exports).
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     ConnectionPoolCapacity,
     ConnectionPoolConfig,
@@ -164,7 +165,8 @@ def _connect_count_snapshot() -> dict[str, int]:
 
 
 def __getattr__(name: str) -> Any:
-    # Page 004 documents module data _CONNECT_COUNTS and _CONNECT_COUNTS_LOCK. Connect counts
+    # nemo_gym.telemetry.connection_pool documents module data _CONNECT_COUNTS and
+    # _CONNECT_COUNTS_LOCK. Connect counts
     # now belong to each meter provider's telemetry (and to each connector, lock-free), so
     # these are views of the global provider's: a snapshot dictionary and the lock that
     # guards folding collected connectors' counts into it.

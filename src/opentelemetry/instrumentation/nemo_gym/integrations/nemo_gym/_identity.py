@@ -51,6 +51,7 @@ from typing import Final
 
 from opentelemetry.util.types import AttributeValue
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import shown_value
 
 CONFIG_DICT_VARIABLE: Final = "NEMO_GYM_CONFIG_DICT"
@@ -58,9 +59,9 @@ CONFIG_PATH_VARIABLE: Final = "NEMO_GYM_CONFIG_PATH"
 FASTAPI_WORKER_VARIABLE: Final = "IS_NEMO_GYM_FASTAPI_WORKER"
 NUM_WORKERS_KEY: Final = "num_workers"
 
-ATTR_SERVICE_NAME: Final = "service.name"
+ATTR_SERVICE_NAME: Final = _names.ATTR_SERVICE_NAME
 ATTR_SERVICE_GROUP: Final = "nemo.gym.service_group"
-ATTR_RUN_ID: Final = "nemo.run.id"
+ATTR_RUN_ID: Final = _names.ATTR_RUN_ID
 # NeMo Gym's own words for the three levels of a server block ("unique server name", "server
 # type", "server implementation"); the name is the value NeMo Gym's ServerClient and our
 # `nemo.gym.http.destination.server.name` label use, so a destination joins to its process.

@@ -32,6 +32,7 @@ from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
 from opentelemetry.instrumentation.nemo_gym.version import __version__
@@ -92,7 +93,7 @@ def rollout_attributes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[st
 
 
 def _start(attributes: dict[str, Any]) -> tuple[Span, Token[Context]]:
-    tracer = trace.get_tracer(__name__, __version__, tracer_provider=_TRACER_PROVIDER)
+    tracer = trace.get_tracer(_names.TRACER_NAME, __version__, tracer_provider=_TRACER_PROVIDER)
     span = tracer.start_span(SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attributes)
     return span, context.attach(trace.set_span_in_context(span))
 

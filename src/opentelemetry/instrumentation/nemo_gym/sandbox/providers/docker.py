@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_container import (
     EXEC_WRAPPER,
     KEEP_ALIVE,
@@ -60,7 +61,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 __all__ = ["DockerEngineError", "DockerSandboxProvider"]
 
 # Label on every container this provider creates, so operators can find them.
-PROVIDER_LABEL = "nemo.gym.sandbox.provider"
+PROVIDER_LABEL = _names.ATTR_SANDBOX_PROVIDER
 # The return code of an exec whose command did not finish in time: the shared constant, under
 # the name this module has always exported.
 TIMEOUT_RETURN_CODE = EXEC_TIMEOUT_RETURN_CODE
