@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from conftest import GatedServerFactory, through_pool
 from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym._shared._names import METER_NAME
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxSpec
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
@@ -50,7 +51,6 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import _PoolConf
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     ATTR_SERVER_NAME,
     CONNECT_TOTAL,
-    METER_NAME,
     QUEUE_DURATION,
     QUEUE_DURATION_UNIT,
 )

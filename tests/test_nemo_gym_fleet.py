@@ -33,7 +33,7 @@ from nemo_gym_telemetry import (
     telemetry_fixture,  # noqa: F401 - a fixture, used by name
 )
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.sandbox._mismatch import LOGGER as MISMATCH_LOGGER
+from opentelemetry.instrumentation.nemo_gym.sandbox import _mismatch
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
@@ -63,7 +63,7 @@ async def test_registered_provider_capped_cpu_reported(
     provider = nemo_gym.create_provider({register(nemo_gym): {}})
     spec = nemo_gym.SandboxSpec(resources=nemo_gym.SandboxResources(cpu=2.0, memory_mib=256))
     sandbox_ids = []
-    with caplog.at_level(logging.WARNING, logger=MISMATCH_LOGGER.name):
+    with caplog.at_level(logging.WARNING, logger=_mismatch.logger.name):
         for _ in range(2):
             handle = await provider.create(spec)
             await provider.close(handle)
@@ -78,7 +78,7 @@ async def test_registered_provider_capped_cpu_reported(
         assert allocation[MISMATCH + "cpu.allocated"] == 0.5
         assert MISMATCH + "memory_mib.kind" not in allocation
         assert "container.id" not in allocation  # a VM, not a container
-    warnings = [r.getMessage() for r in caplog.records if r.name == MISMATCH_LOGGER.name]
+    warnings = [r.getMessage() for r in caplog.records if r.name == _mismatch.logger.name]
     assert len(warnings) == 1
     assert "'capped'" in warnings[0]
     assert "requested 2, allocated 0.5" in warnings[0]

@@ -32,7 +32,7 @@ from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["Patch", "Wrapped", "Wrapper", "methods_of", "unwrap", "wrap"]
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # wrapt's wrapper signature: (wrapped, instance, args, kwargs) -> what the call returns.
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
@@ -100,7 +100,7 @@ def unwrap(record: Wrapped) -> bool:
             return True
         node = inner
         seen += 1
-    LOGGER.debug("%r.%s no longer holds our wrapper; left in place, inert", owner, name)
+    logger.debug("%r.%s no longer holds our wrapper; left in place, inert", owner, name)
     return False
 
 

@@ -21,8 +21,8 @@ from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["LoopLagProbe"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 
 class LoopLagProbe:

@@ -78,8 +78,8 @@ __all__ = [
     "wrap_app",
 ]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 NEMO_GYM_OBSERVER_MODULE: Final = "nemo_gym.telemetry.observer"
 

@@ -29,8 +29,8 @@ from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["FreshTraceContextApp", "wrap_app"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 _ASGIApp = Callable[..., Awaitable[None]]
 _REQUEST_SCOPES = ("http", "websocket")

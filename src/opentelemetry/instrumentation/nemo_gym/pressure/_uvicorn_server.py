@@ -28,8 +28,8 @@ from opentelemetry.instrumentation.nemo_gym.pressure import _pressure, _trace_co
 
 __all__ = ["MODULE", "install", "uninstall"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 MODULE = "uvicorn.server"
 _CLASS = "Server"

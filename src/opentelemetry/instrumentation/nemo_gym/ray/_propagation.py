@@ -49,8 +49,8 @@ from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch
 
 __all__ = ["CARRIER", "install", "install_worker_side", "uninstall"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 CARRIER: Final = "__nemo_gym_otel_context__"
 """The keyword argument the context travels in (taken off before the task runs)."""

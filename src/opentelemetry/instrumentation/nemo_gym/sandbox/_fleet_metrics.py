@@ -64,10 +64,8 @@ __all__ = [
     "new_oom_kills",
 ]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
-
-METER_NAME: Final = _names.METER_NAME
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 CREATIONS: Final = "gym.sandbox.creations"
 CREATIONS_UNIT: Final = "{sandbox}"
@@ -149,7 +147,7 @@ class SandboxFleetMetrics:
         self, meter_provider: metrics.MeterProvider | None = None, *, version: str | None = None
     ) -> None:
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME, version)
+        meter = provider.get_meter(_names.METER_NAME, version)
         self._creations = meter.create_counter(
             CREATIONS,
             unit=CREATIONS_UNIT,

@@ -56,6 +56,7 @@ from typing import Any, Final
 
 from opentelemetry import metrics
 
+from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
@@ -68,7 +69,6 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording imp
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     ATTR_ERROR_TYPE,
     ATTR_PROVIDER,
-    METER_NAME,
     CappedLabels,
     guarded_record,
     usage_value,
@@ -88,8 +88,8 @@ __all__ = [
     "nemo_gym_records_lifecycle",
 ]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 # NeMo Gym's names and units (nemo_gym/telemetry/gym_metrics.py, NeMo Gym 0.6+).
 ACTIVE: Final = "gym.sandbox.active"
@@ -157,7 +157,7 @@ class SandboxLifecycleMetrics:
         self, meter_provider: metrics.MeterProvider | None = None, *, version: str | None = None
     ) -> None:
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME, version)
+        meter = provider.get_meter(_names.METER_NAME, version)
         self._active = meter.create_up_down_counter(
             ACTIVE, unit=ACTIVE_UNIT, description="Sandboxes this process holds, by provider."
         )

@@ -14,10 +14,10 @@ from collections.abc import Hashable
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
-# resource_telemetry's documented LOGGER: the sandbox half logs under one name.
-LOGGER = logging.getLogger("opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry")
+# resource_telemetry's documented logger: the sandbox half logs under one name.
+logger = logging.getLogger("opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry")
 
-_FAILURES = OnceLog(LOGGER, repeats_at_debug=True)
+_FAILURES = OnceLog(logger, repeats_at_debug=True)
 
 
 def log_once(key: Hashable, message: str, *args: object) -> None:
@@ -30,4 +30,4 @@ def log_failure(what: str, exc: BaseException, *key: Hashable) -> None:
     every time at debug level with its text."""
     name = type(exc).__name__
     _FAILURES(("failure", what, name, *key), logging.WARNING, "%s failed (%s)", what, name)
-    LOGGER.debug("%s failed: %r", what, exc)
+    logger.debug("%s failed: %r", what, exc)

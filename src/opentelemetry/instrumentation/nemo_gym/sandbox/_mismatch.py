@@ -56,7 +56,7 @@ __all__ = [
     "mismatch_attributes",
 ]
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MISMATCH_PREFIX = "nemo.gym.sandbox.allocation.mismatch."
 BELOW_REQUEST: Final = "below_request"
@@ -151,8 +151,8 @@ class MismatchWarnings:
     """Log one warning per (provider, resource) that ever mismatched; later ones are dropped
     (the counter still counts them). Thread-safe; never raises."""
 
-    def __init__(self, logger: logging.Logger = LOGGER) -> None:
-        self._once = OnceLog(logger)
+    def __init__(self, to: logging.Logger = logger) -> None:
+        self._once = OnceLog(to)
 
     def warn(self, provider: str, mismatches: Sequence[ResourceMismatch]) -> None:
         for mismatch in mismatches:

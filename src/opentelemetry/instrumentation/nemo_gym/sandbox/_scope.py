@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import Span, SpanProcessor
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 REQUEST_ID = PREFIX + "request.id"
 PROVIDER = PREFIX + "provider"
@@ -121,7 +121,7 @@ def install_span_processor(
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     add = getattr(provider, "add_span_processor", None)
     if not callable(add):
-        LOGGER.debug(
+        logger.debug(
             "tracer provider %s cannot take span processors; sandbox spans are not stamped",
             type(provider).__name__,
         )

@@ -45,9 +45,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanProcessor
 
-LOGGER = logging.getLogger(__name__)
-
-SCOPE_NAME = _names.TRACER_NAME
+logger = logging.getLogger(__name__)
 
 SandboxKey = tuple[str, str]
 
@@ -142,7 +140,7 @@ class SandboxRegistry:
         return [(k, e) for k, e in self._entries.items() if e.provider_id == provider_id]
 
 
-_ENVIRONMENT = OnceLog(LOGGER)
+_ENVIRONMENT = OnceLog(logger)
 
 
 def interval_from_environment() -> float:
@@ -259,7 +257,7 @@ class SandboxState:
         # Kept with the provider it came from: the global one may be set or replaced later,
         # and asking a provider for a tracer costs more than a record's span.
         if self._tracer is None or self._tracer_of is not provider:
-            self._tracer = provider.get_tracer(SCOPE_NAME, self._version)
+            self._tracer = provider.get_tracer(_names.TRACER_NAME, self._version)
             self._tracer_of = provider
         return self._tracer
 

@@ -43,7 +43,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxSpec,
 )
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class TracedSandboxProvider:

@@ -86,6 +86,8 @@ __all__ = [
     "sampling_interval",
 ]
 
+# Upper case because nemo_gym.sandbox.resource_telemetry documents it so; every other module
+# of the package spells its logger ``logger``, as the logging HOWTO does.
 LOGGER = logging.getLogger(__name__)
 
 RECORD_SPAN_NAME = "sandbox.resources"

@@ -84,7 +84,7 @@ __all__ = [
     "wrapping_for",
 ]
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def traced_provider(provider: Any, state: SandboxState | None = None) -> TracedSandboxProvider:
@@ -177,7 +177,7 @@ def _bundled_classes() -> list[type]:
         try:
             provider_class = entry_point.load()
         except (ImportError, AttributeError) as exc:
-            LOGGER.debug("not auto-tracing %s: %r", entry_point.value, exc)
+            logger.debug("not auto-tracing %s: %r", entry_point.value, exc)
             continue
         if isinstance(provider_class, type) and provider_class not in classes:
             classes.append(provider_class)

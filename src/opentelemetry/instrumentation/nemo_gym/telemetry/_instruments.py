@@ -11,8 +11,6 @@ from typing import Final
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 
-METER_NAME: Final = _names.METER_NAME
-
 # --- nemo_gym.telemetry.connection_pool's names (the default, what NeMo Gym's dashboards use) -
 
 QUEUE_DURATION: Final = "gym.http.connection_pool.queue_duration_ms"

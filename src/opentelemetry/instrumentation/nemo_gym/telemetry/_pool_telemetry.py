@@ -204,7 +204,7 @@ class PoolTelemetry:
         self._semconv_attributes: dict[tuple[Any, ...], dict[str, str | int | bool]] = {}
         self._failures = OnceLog(logger)
 
-        meter = meter_provider.get_meter(names.METER_NAME, version)
+        meter = meter_provider.get_meter(_names.METER_NAME, version)
         self._queue_duration: Histogram | None = None
         self._time_in_queue: Histogram | None = None
         if semconv_mode != SemconvMode.HTTP:

@@ -35,8 +35,8 @@ from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch
 
 __all__ = ["DEFINING_MODULE", "FUNCTION", "PATCHED_MODULES", "install", "installed", "uninstall"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 FUNCTION = "create_provider"
 DEFINING_MODULE = "nemo_gym.sandbox.providers.registry"

@@ -17,8 +17,8 @@ from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 __all__ = ["nemo_gym_recording"]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 _NEMO_GYM_SETUP_MODULE: Final = "nemo_gym.telemetry.setup"
 

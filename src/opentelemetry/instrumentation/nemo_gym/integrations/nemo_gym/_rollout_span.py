@@ -47,8 +47,8 @@ __all__ = [
     "uninstall",
 ]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 SPAN_NAME: Final = "rollout"
 ATTR_TASK_INDEX: Final = "nemo.gym.rollout.task_index"

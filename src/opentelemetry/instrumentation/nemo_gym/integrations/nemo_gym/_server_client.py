@@ -45,8 +45,8 @@ __all__ = [
     "uninstall",
 ]
 
-LOGGER = logging.getLogger(__name__)
-_ONCE = OnceLog(LOGGER)
+logger = logging.getLogger(__name__)
+_ONCE = OnceLog(logger)
 
 MODULE = "nemo_gym.server_utils"
 _CLASS = "ServerClient"

@@ -30,7 +30,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxResourceAmounts,
 )
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 CFS_PERIOD_US = 100_000
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (about 2**63).
@@ -309,8 +309,8 @@ async def remove_cgroup(cgroup: Cgroup) -> None:
                 break
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
-                    LOGGER.warning("cannot remove cgroup %s: %s", directory, exc)
+                    logger.warning("cannot remove cgroup %s: %s", directory, exc)
                     break
                 await asyncio.sleep(_RMDIR_PAUSE_S)
         else:
-            LOGGER.warning("cgroup %s stayed busy; left in place", directory)
+            logger.warning("cgroup %s stayed busy; left in place", directory)

@@ -42,7 +42,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import At
 
 __all__ = ["ContainerUsage"]
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 STATS_SOURCE = "docker.stats"
 
 
@@ -92,7 +92,7 @@ class ContainerUsage:
                 engine_id = str(inspect.get("Id") or container_id)
                 cgroup = self._container_cgroup(pid, engine_id)
             except Exception as exc:  # noqa: BLE001 - the stats endpoint still answers
-                LOGGER.debug("container %s: cgroup not located: %r", container_id, exc)
+                logger.debug("container %s: cgroup not located: %r", container_id, exc)
         self._located[container_id] = _Located(cgroup)
 
     def _container_cgroup(self, pid: object, container_id: str) -> Cgroup | None:

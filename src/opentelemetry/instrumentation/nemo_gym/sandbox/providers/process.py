@@ -67,7 +67,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 
 __all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ProcessSandboxProvider"]
 
-LOGGER = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
 _OUTPUT_GRACE_S = 0.2
@@ -188,7 +188,7 @@ class ProcessSandboxProvider:
                 )
             except OSError as exc:
                 # Still a working sandbox; its allocation says it has no cgroup or limits.
-                LOGGER.warning(
+                logger.warning(
                     "sandbox %s runs without a cgroup (limits not enforced): %s", sandbox_id, exc
                 )
         base_env = {
@@ -362,7 +362,7 @@ class ProcessSandboxProvider:
             for pid in pids:
                 kill(pid)
             await asyncio.sleep(_KILL_PAUSE_S)
-        LOGGER.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
+        logger.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
