@@ -18,6 +18,7 @@ import random
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,52 @@ def bare_recorder(provider: MeterProvider) -> Callable[[], None]:
         record(next(values), attributes)
 
     return record_once
+
+
+def queue_trace_config(provider: MeterProvider | None) -> aiohttp.TraceConfig:
+    """A queue timer on aiohttp's public signals, ``on_connection_queued_start/end``.
+
+    With ``provider``, each wait that ends with a slot makes one SDK record shaped like ours
+    (benchmark mode ``trace_config``); without, the two handlers do nothing (mode
+    ``trace_config_bare``: what the signals cost before any telemetry). The signals carry no
+    fields (aiohttp's ``TraceConnectionQueuedStartParams`` is empty) and the handler gets the
+    session, not the connection key, so the binding limit is not classified: the attributes
+    are fixed. aiohttp sends no ``queued_end`` when the wait raises, so an abandoned wait is
+    never recorded here.
+    """
+    trace_config = aiohttp.TraceConfig()
+    if provider is None:
+
+        async def ignore(*_: Any) -> None:
+            return None
+
+        trace_config.on_connection_queued_start.append(ignore)
+        trace_config.on_connection_queued_end.append(ignore)
+        trace_config.freeze()
+        return trace_config
+    histogram = provider.get_meter("benchmark.trace_config").create_histogram(
+        _instruments.QUEUE_DURATION,
+        unit=_instruments.QUEUE_DURATION_UNIT,
+        explicit_bucket_boundaries_advisory=_instruments.QUEUE_DURATION_BUCKETS,
+    )
+    attributes = {
+        _instruments.ATTR_QUEUE_CONSTRAINT: "unknown",
+        _instruments.ATTR_QUEUE_OUTCOME: _instruments.OUTCOME_OK,
+        _instruments.ATTR_SERVER_NAME: "external",
+    }
+    record = histogram.record
+    perf_counter = time.perf_counter
+
+    async def queued_start(_session: Any, context: Any, _params: Any) -> None:
+        context.queued_at = perf_counter()
+
+    async def queued_end(_session: Any, context: Any, _params: Any) -> None:
+        record((perf_counter() - context.queued_at) * 1000.0, attributes)
+
+    trace_config.on_connection_queued_start.append(queued_start)
+    trace_config.on_connection_queued_end.append(queued_end)
+    trace_config.freeze()
+    return trace_config
 
 
 # The queue-wait histogram under NeMo Gym's connection-pool name and under the semantic-convention

@@ -28,6 +28,15 @@ Modes:
 * ``record``: plain aiohttp plus one bare SDK ``Histogram.record`` (same name, unit,
   buckets and attributes as ours) after each response: what one record costs inside the
   request path, where the SDK's code and data are no longer in the CPU caches.
+* ``trace_config_bare``: plain aiohttp, its session given an ``aiohttp.TraceConfig`` whose
+  ``on_connection_queued_start/end`` handlers do nothing: what the public signals cost before
+  any telemetry (compare ``hooks``). With any ``TraceConfig`` on a session, aiohttp sends every
+  signal of every request (request start and end, chunks, connection reuse, DNS), not only
+  the two a queue timer needs.
+* ``trace_config``: the same, the handlers timing each wait and making one SDK record (same
+  name, unit, buckets and attributes as ours) when it ends: a queue timer built on the public
+  signals (compare ``ours``). It cannot classify the binding limit, and abandoned waits send
+  no end signal, so it records less than ours does.
 * ``contrib``: opentelemetry-instrumentation-aiohttp-client with an SDK tracer provider (batch
   processor, discarding exporter) and an SDK meter provider with a reader.
 * ``both``: ``ours`` and ``contrib`` together.
@@ -61,6 +70,7 @@ from _common import (
     median,
     pooled_ratio,
     quartiles,
+    queue_trace_config,
     queued_waits,
     require_at_least,
     run_and_report,
@@ -90,9 +100,13 @@ MODES = (
     "ours_idle",
     "hooks",
     "record",
+    "trace_config_bare",
+    "trace_config",
     "contrib",
     "both",
 )
+# The modes whose reader counts queue waits (one histogram record per wait).
+COUNTS_WAITS = (*OURS, "trace_config")
 LABELS = {
     "plain": "plain aiohttp",
     "plain_null": "plain aiohttp again (null check)",
@@ -102,6 +116,8 @@ LABELS = {
     "ours_idle": "ours installed, nothing exported (plain connector)",
     "hooks": "plain + the two overrides with no telemetry",
     "record": "plain + one SDK `Histogram.record` per request",
+    "trace_config_bare": "plain + a `TraceConfig` with empty queued handlers",
+    "trace_config": "plain + a `TraceConfig` queue timer (one SDK record per wait)",
     "contrib": "opentelemetry-instrumentation-aiohttp-client",
     "both": "ours + contrib",
 }
@@ -132,10 +148,18 @@ class Providers:
     )
     contrib_tracer: TracerProvider = field(default_factory=TracerProvider)
     bare: tuple[InMemoryMetricReader, MeterProvider] = field(default_factory=_reader_provider)
+    trace_config_meter: tuple[InMemoryMetricReader, MeterProvider] = field(
+        default_factory=_reader_provider
+    )
 
     def __post_init__(self) -> None:
         self.contrib_tracer.add_span_processor(BatchSpanProcessor(DiscardingSpanExporter()))
         self.bare_record = bare_recorder(self.bare[1])
+        # One TraceConfig per mode, made once (a session takes it as it is).
+        self.trace_configs = {
+            "trace_config_bare": queue_trace_config(None),
+            "trace_config": queue_trace_config(self.trace_config_meter[1]),
+        }
 
     def readers(self, mode: str) -> list[InMemoryMetricReader]:
         """The readers whose collection belongs to ``mode``'s timed window."""
@@ -146,10 +170,17 @@ class Providers:
             readers.append(self.contrib_meter[0])
         if mode == "record":
             readers.append(self.bare[0])
+        if mode == "trace_config":
+            readers.append(self.trace_config_meter[0])
         return readers
 
     def shutdown(self) -> None:
-        for _, provider in (*self.ours.values(), self.contrib_meter, self.bare):
+        for _, provider in (
+            *self.ours.values(),
+            self.contrib_meter,
+            self.bare,
+            self.trace_config_meter,
+        ):
             provider.shutdown()
         self.idle.shutdown()
         self.contrib_tracer.shutdown()
@@ -193,7 +224,7 @@ async def _run_mode(
     mode: str, providers: Providers, url: str, requests: int, concurrency: int, limit: int
 ) -> Sample:
     readers = providers.readers(mode)
-    ours_reader = readers[0] if mode in OURS else None
+    ours_reader = readers[0] if mode in COUNTS_WAITS else None
     with semconv_opt_in(NAMING_MODES[OURS.get(mode, "default")]):
         remove = _install(mode, providers)
         try:
@@ -205,7 +236,10 @@ async def _run_mode(
     try:
         if isinstance(connector, QueueTimedTCPConnector) != (mode in OURS):
             raise RuntimeError(f"mode {mode}: got {type(connector).__name__}")
-        async with aiohttp.ClientSession(connector=connector) as session:
+        trace_configs = [providers.trace_configs[mode]] if mode in providers.trace_configs else None
+        async with aiohttp.ClientSession(
+            connector=connector, trace_configs=trace_configs
+        ) as session:
             # Open the pool's connections outside the timed window: every mode then measures
             # steady-state reuse, not TCP handshakes.
             await drive(session, url, limit * 4, concurrency)
@@ -302,7 +336,7 @@ def _summarise(
             # contrib alone for both. record makes one bare record per request, queued or not.
             reference = samples["contrib"] if mode == "both" and "contrib" in samples else plain
             per = [args.requests if mode == "record" else s.queued for s in runs]
-            if sum(per) and (mode in OURS or mode == "record"):
+            if sum(per) and (mode in COUNTS_WAITS or mode == "record"):
                 added = pooled_ratio(
                     [(s.cpu_s - r.cpu_s) * 1e6 for s, r in zip(runs, reference, strict=True)], per
                 )
@@ -393,8 +427,8 @@ def _print_table(result: dict[str, object]) -> None:
             else "–"
         )
         vs_floor = entry.get("added_per_queued_vs_floor")
-        # Only our histogram counts queue waits; the other modes queue just as often.
-        queued = f"{entry['queued_fraction']:.1%}" if mode in OURS else "–"
+        # Only the queue timers' histograms count waits; the other modes queue just as often.
+        queued = f"{entry['queued_fraction']:.1%}" if mode in COUNTS_WAITS else "–"
         print(
             f"| {LABELS[mode]} | {entry['cpu_us_per_request']:.1f} [{q1:.1f}, {q3:.1f}] "
             f"| {_ratio(entry.get('cpu_ratio_to_plain'))} "
