@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,6 +29,7 @@ from typing import Any
 import pytest
 
 from conftest import INSTRUMENT, require_service
+from waiting import eventually_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
@@ -127,12 +127,11 @@ class Prometheus:
         }
 
     def wait_for(self, what: str, done: Callable[[], bool], bound_s: float = 90.0) -> None:
-        """Poll ``done`` until true; fail after ``bound_s`` (a generous bound, not a timer)."""
-        deadline = time.monotonic() + bound_s
-        while not _true(done):
-            if time.monotonic() > deadline:
-                pytest.fail(f"never {what}; Prometheus log:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.25)
+        """``eventually_blocking(done)``; its failure carries the end of Prometheus's log."""
+        try:
+            eventually_blocking(lambda: _true(done), what, timeout=bound_s, interval=0.25)
+        except AssertionError as never:
+            pytest.fail(f"{never}; Prometheus log:\n{self.log.read_text()[-3000:]}")
 
 
 def _true(done: Callable[[], bool]) -> bool:
@@ -266,11 +265,12 @@ def private_collector(workdir: Path) -> Iterator[Collector]:
     with (workdir / "collector.log").open("wb") as log:
         process = subprocess.Popen([binary, f"--config=file:{config}"], stdout=log, stderr=log)
         try:
-            deadline = time.monotonic() + 30
-            while http_status(collector.prometheus) != 200:
+
+            def answering() -> bool:
                 assert process.poll() is None, (workdir / "collector.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "the private collector never answered"
-                time.sleep(0.1)
+                return http_status(collector.prometheus) == 200
+
+            eventually_blocking(answering, "the private collector answering", timeout=30)
             yield collector
         finally:
             process.terminate()

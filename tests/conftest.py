@@ -41,6 +41,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     reset_server_name,
     set_server_name,
 )
+from waiting import eventually
 
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
@@ -316,20 +317,6 @@ def fresh_settings_warnings() -> Iterator[None]:
 
 
 # --- held requests: deterministic pool saturation ---------------------------------------------
-
-
-async def eventually(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
-    """Yield to the event loop until ``condition()`` holds; fail after ``bound_s`` seconds.
-
-    The bound only stops a broken test: tests wait for states (a request held, a request
-    queued), never for an amount of time.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"not reached within {bound_s} s: {what}")
-        await asyncio.sleep(0.001)
 
 
 class GatedServer:

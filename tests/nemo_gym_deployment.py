@@ -40,12 +40,13 @@ import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from waiting import eventually_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB = Path(__file__).resolve().parent / "deployment" / "openai_stub.py"
@@ -130,15 +131,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _wait_for(what: str, done: Callable[[], bool], bound_s: float) -> None:
-    deadline = time.monotonic() + bound_s
-    while time.monotonic() < deadline:
-        if done():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {bound_s:.0f} s")
 
 
 def _session_and_folder_pids(session: int, folder: Path, spare: int = 0) -> list[int]:
@@ -348,15 +340,19 @@ def _settled_rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]
     """The rollout traces once ROLLOUTS of them are stored and their span count held still
     for longer than the SDK's batch delay (5 s), so each process's last batch is in; bounded
     at 180 s (then whatever is stored, for the test to report)."""
-    deadline = time.monotonic() + 180
-    previous = -1
-    while True:
+    previous = [-1]
+
+    def settled() -> tuple[list[dict[str, Any]], list[str]] | None:
         traces, services = rollout_traces(query)
         spans = sum(len(t["spans"]) for t in traces)
-        if (len(traces) >= ROLLOUTS and spans == previous) or time.monotonic() > deadline:
-            return traces, services
-        previous = spans
-        time.sleep(7)
+        still = len(traces) >= ROLLOUTS and spans == previous[0]
+        previous[0] = spans
+        return (traces, services) if still else None
+
+    try:
+        return eventually_blocking(settled, f"{ROLLOUTS} rollout traces held still", 180, 7)
+    except AssertionError:
+        return rollout_traces(query)
 
 
 # Ray gives up on a cluster that has gone after 60 s; a process of ours holding a server open
@@ -394,7 +390,7 @@ def _head_port_taken(
                     raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
                 return waiting in log_path.read_text(errors="replace")
 
-            _wait_for("gym env start waiting for its head server", stuck, 900)
+            eventually_blocking(stuck, "gym env start waiting for its head server", 900, 0.5)
             line = next(line for line in log_path.read_text().splitlines() if waiting in line)
             os.killpg(gym.pid, signal.SIGINT)
             start = time.monotonic()
@@ -442,7 +438,7 @@ def run_deployment(
         stub = subprocess.Popen(
             [sys.executable, str(STUB), str(port_file)], env=env, start_new_session=True
         )
-        _wait_for("the stub's port", port_file.exists, 60)
+        eventually_blocking(port_file.exists, "the stub's port", 60, 0.5)
         stub_port = int(port_file.read_text())
         placeholders = {
             CLONE: str(clone),
@@ -483,7 +479,7 @@ def run_deployment(
             return "servers ready!" in gym_log.read_text(errors="replace")
 
         # Bounds, not timings: a cold pip cache and collector build take minutes.
-        _wait_for("the first shell's servers", ready, 1800)
+        eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
         timeline.servers_ready = time.monotonic() - start
         eval_log = folder / "second-shell.log"
         with eval_log.open("w") as log:
@@ -539,10 +535,15 @@ def run_deployment(
             gym_exit: int | None = gym.wait(timeout=120)
         except subprocess.TimeoutExpired:
             gym_exit = None
-        # A bound, not a timing: every process of the session is gone well within it.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and _session_and_folder_pids(gym.pid, folder, stub.pid):
-            time.sleep(0.5)
+        # A bound, not a timing: every process of the session is gone well within it; those
+        # left are ended and reported.
+        with contextlib.suppress(AssertionError):
+            eventually_blocking(
+                lambda: not _session_and_folder_pids(gym.pid, folder, stub.pid),
+                "every process of the session gone",
+                60,
+                0.5,
+            )
         leftovers = end_by_pid(gym.pid, folder, stub.pid)
         # The collector's batch processor forwards within a second; give it a few.
         time.sleep(3)

@@ -9,7 +9,6 @@ the sandbox half for it. ``CappedProvider`` is registered with NeMo Gym by ``reg
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceAllocation,
     ResourceDesignator,
 )
+from waiting import eventually
 
 INTERVAL_VARIABLE = "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL"
 REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
@@ -164,17 +164,22 @@ async def resource_records(telemetry: Telemetry, sandbox_id: str) -> list[dict[s
     They run beside the caller and may finish after ``stop()`` returns on a loaded machine:
     waited for on the condition, bounded at 60 s.
     """
-    for _ in range(600):
+
+    def both_exported() -> list[dict[str, Any]]:
         found = [
             attrs(s)
             for s in telemetry.finished("sandbox.resources")
             if attrs(s).get(SANDBOX_ID) == sandbox_id
         ]
         kinds = {(r[KIND], r[FINAL]) for r in found}
-        if ("allocation", False) in kinds and ("sample", True) in kinds:
-            return found
-        await asyncio.sleep(0.1)
-    pytest.fail(f"no allocation record and final sample for sandbox {sandbox_id}")
+        return found if ("allocation", False) in kinds and ("sample", True) in kinds else []
+
+    return await eventually(
+        both_exported,
+        f"an allocation record and a final sample for sandbox {sandbox_id}",
+        timeout=60,
+        interval=0.1,
+    )
 
 
 def one(records: list[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from collector_support import (
     running_collector,
 )
 from exit_support import hung_collector
+from waiting import eventually_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
@@ -119,10 +120,12 @@ def test_collector_started_mid_run_receives_every_count(tmp_path: Path) -> None:
             f"gym_http_connection_pool_connect_total{{{_labels(job, server)}}} {count}"
             for server, count in truth["connects"].items()
         }
-        deadline = time.monotonic() + 60
-        while not expected <= _lines(url):
-            assert time.monotonic() < deadline, (expected, sorted(_lines(url))[:20])
-            time.sleep(0.25)
+        eventually_blocking(
+            lambda: expected <= _lines(url),
+            f"the collector exporting {sorted(expected)}",
+            timeout=60,
+            interval=0.25,
+        )
     finally:
         worker.kill()
         worker.wait(timeout=10)

@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from collector_support import (
     http_status,
     read_ports,
 )
+from waiting import eventually_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
@@ -363,15 +363,18 @@ def test_start_collector_jaeger_receives_the_collectors_traces(
     trace_id = f"{root.get_span_context().trace_id:032x}"
 
     # The collector's batch processor forwards within a second or so (bounded: 30 s).
-    found: dict[str, object] = {}
-    for _ in range(150):
+    def stored_trace() -> dict[str, object] | None:
         try:
-            found = json.loads(urllib.request.urlopen(f"{query}/api/traces/{trace_id}").read())
-            break
+            found: dict[str, object] = json.loads(
+                urllib.request.urlopen(f"{query}/api/traces/{trace_id}").read()
+            )
         except urllib.error.HTTPError as not_yet:  # 404 until the trace is stored
             if not_yet.code != 404:
                 raise
-        time.sleep(0.2)
+            return None
+        return found
+
+    found = eventually_blocking(stored_trace, f"Jaeger storing trace {trace_id}", interval=0.2)
     (stored,) = found["data"]  # type: ignore[misc]
     assert sorted(span["operationName"] for span in stored["spans"]) == ["child", "root"]
 

@@ -31,6 +31,7 @@ from tests.test_docker_provider import (  # noqa: F401 - fixtures used by name
     provider,
     records,
     spec,
+    stopped,
 )
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._container_cgroup import (
@@ -47,6 +48,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
     ResourceSampler,
 )
+from waiting import eventually
 
 # A command whose memory grows without bound: tail keeps the last lines of input that has
 # no newline, so it holds all 300 MB; the 64 MiB limit makes the kernel kill it. Its
@@ -163,10 +165,7 @@ async def test_docker_provider_ended_container_sample_has_exit_code(
         first = await provider.resource_sample(handle)
         assert str(first["usage.source"]).startswith("cgroup.v")
         await provider.exec(handle, "touch /tmp/go")
-        for _ in range(200):
-            if await provider.status(handle) is SandboxStatus.STOPPED:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: stopped(provider, handle), "the container stopped", interval=0.05)
         ended = await provider.resource_sample(handle)
         engine_view = await stats_provider.resource_sample(handle)
     finally:
@@ -189,10 +188,7 @@ async def test_docker_provider_nowait_sample_from_cgroup_none_once_ended(
         now = provider.resource_sample_nowait(handle)
         awaited = await provider.resource_sample(handle)
         await provider.exec(handle, "touch /tmp/go")
-        for _ in range(200):
-            if await provider.status(handle) is SandboxStatus.STOPPED:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: stopped(provider, handle), "the container stopped", interval=0.05)
         ended = provider.resource_sample_nowait(handle)
     finally:
         await provider.close(handle)

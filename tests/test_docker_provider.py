@@ -76,6 +76,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceProvider,
     ResourceSampler,
 )
+from waiting import eventually
 
 DEFAULT_SOCKET = "/run/nemo-gym-podman/podman.sock"
 DEFAULT_IMAGE = "localhost/nemo-gym-busybox:latest"
@@ -175,6 +176,11 @@ def spec(**overrides: Any) -> SandboxSpec:
     values: dict[str, Any] = {"image": _image(), "metadata": {SUITE_LABEL: SUITE_ID}}
     values.update(overrides)
     return SandboxSpec(**values)
+
+
+async def stopped(provider: DockerSandboxProvider, handle: SandboxHandle) -> bool:
+    """Whether the engine reports the sandbox's container as ended."""
+    return await provider.status(handle) is SandboxStatus.STOPPED
 
 
 def records(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
@@ -435,15 +441,23 @@ async def test_docker_provider_samples_cpu_time_and_throttling(
         # less than its quota for a while): five answered samples, and a throttled one
         # where throttling is counted at all.
         counted = True
-        for _ in range(1200):
+
+        async def settled() -> bool:
+            nonlocal counted
             got = answered()
-            if len(got) >= 5:
-                if any((a.get(throttled_key) or 0) > 0 for _, a in got):
-                    break
-                counted = await periods_counted(got)
-                if not counted:
-                    break
-            await asyncio.sleep(0.1)
+            if len(got) < 5:
+                return False
+            if any((a.get(throttled_key) or 0) > 0 for _, a in got):
+                return True
+            counted = await periods_counted(got)
+            return not counted
+
+        await eventually(
+            settled,
+            "five samples, a throttled one where the engine counts throttling",
+            timeout=150,
+            interval=0.1,
+        )
         await traced.exec(handle, f"kill -9 {(burner.stdout or '').strip()}")
     finally:
         await traced.close(handle)
@@ -529,10 +543,7 @@ async def test_docker_provider_memory_hog_oom_killed(
     sampler.start()
     try:
         await provider.exec(handle, "touch /tmp/go")
-        for _ in range(100):
-            if await provider.status(handle) is SandboxStatus.STOPPED:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: stopped(provider, handle), "the OOM-killed container stopped")
         await sampler.stop()
     finally:
         await provider.close(handle)

@@ -15,7 +15,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_support import FLEET_WORKER, START_COLLECTOR, read_ports
+from waiting import eventually_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.collector]
 
@@ -89,10 +89,11 @@ def test_docs_otlp_export_commands_reach_the_collector(tmp_path: Path) -> None:
         expected = {(instance, "policy"): POLICY, (instance, "resources"): RESOURCES}
         # The process exported at its exit; the collector's batch processor passes it on
         # within its timeout (200 ms). Bounded, not a synchronisation: the counts are exact.
-        deadline = time.monotonic() + 30
-        while (found := _connects(prometheus)) != expected and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert found == expected
+        eventually_blocking(
+            lambda: _connects(prometheus) == expected,
+            f"the collector exporting {expected}",
+            interval=0.2,
+        )
     finally:
         subprocess.run(
             ["bash", str(START_COLLECTOR), "--stop"],

@@ -41,6 +41,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
 )
+from waiting import eventually
 
 # Not importable in the light main virtualenv, which collects this module only to leave it
 # out; where the section is selected, conftest.SECTIONS fails the tests with the import error.
@@ -97,15 +98,6 @@ class HeldServer:
         self.release()
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-async def _wait_until(condition: Callable[[], bool]) -> None:
-    """Yield to the loop until ``condition`` holds (bounded: fails rather than hangs)."""
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture
@@ -177,9 +169,11 @@ async def queue_behind_holder(
 ) -> None:
     """``holder()`` takes the only slot to ``server``; ``queued()`` waits for it; release."""
     first = asyncio.create_task(holder())
-    await _wait_until(lambda: server.in_flight == 1)
+    await eventually(lambda: server.in_flight == 1, "one request in flight at the server")
     second = asyncio.create_task(queued())
-    await _wait_until(lambda: waiting_for_a_slot(session.connector) == 1)
+    await eventually(
+        lambda: waiting_for_a_slot(session.connector) == 1, "one request waiting for a slot"
+    )
     server.release()
     for response in await asyncio.gather(first, second):
         assert await response.text() == "ok"

@@ -10,7 +10,6 @@ NeMo Gym's functions. Each telemetry test runs with the global providers and wit
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -61,6 +60,7 @@ from span_support import (
     process_allocation,
     record,
 )
+from waiting import settled
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
@@ -244,7 +244,8 @@ async def test_async_sandbox_inside_suppress_instrumentation_untraced_uncounted(
         async with nemo_gym.AsyncSandbox({register(nemo_gym): {}}, spec) as sandbox:
             await sandbox.start()
             await sandbox.exec("true")
-    await asyncio.sleep(0)
+    await settled()  # what would have recorded runs beside the calls
+    telemetry.tracer_provider.force_flush()
     assert telemetry.finished() == []
     for name in (CREATIONS, OOM_KILLS, MISMATCHES):
         assert telemetry.points(name) == {}
@@ -280,7 +281,8 @@ async def test_uninstrument_restores_create_provider_and_silences_wrappers(
     await built_while_instrumented.close(handle)
     async with nemo_gym.AsyncSandbox({name: {}}, nemo_gym.SandboxSpec()) as sandbox:
         await sandbox.start()
-    await asyncio.sleep(0)
+    await settled()  # what would have recorded runs beside the calls
+    telemetry.tracer_provider.force_flush()
     assert telemetry.finished() == []
     for metric in (CREATIONS, MISMATCHES):
         assert telemetry.points(metric) == {}

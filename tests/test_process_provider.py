@@ -29,6 +29,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
     ResourceProvider,
 )
+from waiting import eventually
 
 PYTHON = sys.executable
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -74,12 +75,11 @@ async def plain_provider() -> AsyncIterator[ProcessSandboxProvider]:
 async def sleeping_in_its_own_image(pid: int) -> None:
     """Wait until ``pid`` is ``sleep`` asleep: past its exec, whose new image has no resident
     pages yet (a sample read in between sees a memory of 0)."""
-    for _ in range(1000):
-        name, state = process_name_and_state(pid)
-        if (name, state) == ("sleep", "S"):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"pid {pid} never slept in sleep's image: {name} {state}")
+    await eventually(
+        lambda: process_name_and_state(pid) == ("sleep", "S"),
+        f"pid {pid} asleep in sleep's image",
+        interval=0.01,
+    )
 
 
 def process_name_and_state(pid: int) -> tuple[str, str]:
@@ -102,13 +102,9 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-async def wait_dead(pid: int, within_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        await asyncio.sleep(0.02)
-    return False
+async def dead(pid: int) -> None:
+    """Wait until ``pid`` is gone (or a zombie)."""
+    await eventually(lambda: not alive(pid), f"pid {pid} gone", interval=0.02)
 
 
 # --- plain behaviour (with or without cgroups) ----------------------------------------------
@@ -152,7 +148,7 @@ async def test_process_provider_timeout_kills_the_process_group(
     assert result.error_type == "timeout"
     assert result.return_code == EXEC_TIMEOUT_RETURN_CODE
     background = int((await provider.exec(sandbox, "cat bg.pid")).stdout or "0")
-    assert await wait_dead(background)
+    await dead(background)
 
 
 async def test_process_provider_signal_death_is_shell_style(
@@ -171,15 +167,16 @@ async def test_process_provider_cancelled_exec_kills_command(
     sandbox = await provider.create(SandboxSpec())
     task = asyncio.ensure_future(provider.exec(sandbox, "echo $$ > me.pid; exec sleep 30"))
     root = Path(sandbox.raw.workdir)
-    for _ in range(200):
-        if (root / "me.pid").exists() and (root / "me.pid").read_text().strip():
-            break
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: (root / "me.pid").exists() and (root / "me.pid").read_text().strip(),
+        "the command wrote its pid",
+        interval=0.01,
+    )
     pid = int((root / "me.pid").read_text())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_dead(pid)
+    await dead(pid)
 
 
 async def test_process_provider_upload_download_round_trip(
@@ -270,7 +267,7 @@ async def test_process_provider_status_and_close(plain_provider: ProcessSandboxP
     root = Path(sandbox.raw.root)
     await plain_provider.close(sandbox)
     await plain_provider.close(sandbox)
-    assert await wait_dead(background)
+    await dead(background)
     assert not exists(root)
     assert await plain_provider.status(sandbox) is SandboxStatus.STOPPED
     foreign = SandboxHandle("other", "process", None)
@@ -371,7 +368,7 @@ async def test_process_provider_close_kills_escaped_processes(
     escaped = int(result.stdout or "0")
     assert alive(escaped)
     await provider.close(sandbox)
-    assert await wait_dead(escaped)
+    await dead(escaped)
     for mount in set(cgroup_mounts().values()):
         assert not (mount / allocation.designator.id.lstrip("/")).exists()
 
@@ -386,13 +383,14 @@ async def wait_throttled(
 ) -> dict[str, object]:
     """Poll the sandbox's real cgroup until the kernel has throttled it, bounded generously:
     on a loaded machine the burners may get less than their quota for a long while."""
-    sample: dict[str, object] = {}
-    for _ in range(1200):  # at most ~2 minutes
+
+    async def throttled() -> dict[str, object]:
         sample = dict(await provider.resource_sample(sandbox))
-        if sample.get(USAGE + "cpu.throttled_s", 0) > 0:  # type: ignore[operator]
-            return sample
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never throttled: {sample}")
+        return sample if sample.get(USAGE + "cpu.throttled_s", 0) > 0 else {}  # type: ignore[operator]
+
+    return await eventually(
+        throttled, "the kernel throttled the sandbox", timeout=150, interval=0.1
+    )
 
 
 async def test_process_provider_cpu_limit_throttles(provider: ProcessSandboxProvider) -> None:

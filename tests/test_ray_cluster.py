@@ -23,12 +23,12 @@ Prometheus fails it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector_support import free_port, http_status, running_collector
 from conftest import GatedServer, processes_with, serve_on_loopback
 from opentelemetry.instrumentation.nemo_gym.ray import runtime_env
+from waiting import eventually, eventually_blocking
 
 pytestmark = [
     pytest.mark.integration,
@@ -151,11 +152,13 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str, str
     finally:
         ray.shutdown()
         cluster.shutdown()
-        deadline = time.monotonic() + 30
+        with contextlib.suppress(AssertionError):  # those left are killed, then reported
+            eventually_blocking(
+                lambda: not processes_with("RAY_TMPDIR", tmpdir),
+                "Ray's processes ending",
+                interval=0.5,
+            )
         left = processes_with("RAY_TMPDIR", tmpdir)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.5)
-            left = processes_with("RAY_TMPDIR", tmpdir)
         for pid in left:  # ours by the environment we gave them; the test fails below
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -202,15 +205,8 @@ def scrape(url: str) -> str:
 
 
 async def until(what: str, check: Any) -> Any:
-    """Poll ``check()`` (in a thread) until it returns something truthy; fail after a bound."""
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        found = await asyncio.to_thread(check)
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"never {what} within {BOUND_S:.0f} s")
-        await asyncio.sleep(0.5)
+    """``eventually(check)``, each call of ``check`` (a blocking scrape) in a thread."""
+    return await eventually(lambda: asyncio.to_thread(check), what, BOUND_S, interval=0.5)
 
 
 async def test_ray_runtime_env_second_node_reports_exact_connects_and_sandbox_spans(

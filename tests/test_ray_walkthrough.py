@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from collector_support import START_COLLECTOR, free_port
 from conftest import processes_with
 from nemo_gym_deployment import fill
 from ray_walkthrough import HEAD_PORT, ray_task_source, walkthrough_commands
+from waiting import eventually_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
@@ -49,18 +49,22 @@ def end_ray_processes(ray_tmpdir: str) -> None:
     for pid in processes_with("RAY_TMPDIR", ray_tmpdir):
         with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    left = processes_with("RAY_TMPDIR", ray_tmpdir)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = processes_with("RAY_TMPDIR", ray_tmpdir)
-    for pid in left:
+    with contextlib.suppress(AssertionError):  # those left get SIGKILL
+        eventually_blocking(
+            lambda: not processes_with("RAY_TMPDIR", ray_tmpdir),
+            "Ray's processes ending at SIGTERM",
+            timeout=15,
+            interval=0.2,
+        )
+    for pid in processes_with("RAY_TMPDIR", ray_tmpdir):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while processes_with("RAY_TMPDIR", ray_tmpdir) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_with("RAY_TMPDIR", ray_tmpdir) == [], "Ray processes outlived SIGKILL"
+    eventually_blocking(
+        lambda: not processes_with("RAY_TMPDIR", ray_tmpdir),
+        "Ray's processes ending at SIGKILL",
+        timeout=10,
+        interval=0.2,
+    )
 
 
 @pytest.fixture
@@ -155,12 +159,11 @@ def test_ray_walkthrough_prints_200_and_the_collector_shows_the_connect(
         assert returncode == 0, output[-6000:]
         assert stdout_path.read_text().splitlines()[-1] == "200", output[-6000:]
 
-        deadline = time.monotonic() + 30
-        connects = worker_connects(env["COLLECTOR_PROMETHEUS"])
-        while connects != [1.0] and time.monotonic() < deadline:
-            time.sleep(0.5)
-            connects = worker_connects(env["COLLECTOR_PROMETHEUS"])
-        assert connects == [1.0], connects
+        eventually_blocking(
+            lambda: worker_connects(env["COLLECTOR_PROMETHEUS"]) == [1.0],
+            "the worker's one connect at the collector",
+            interval=0.5,
+        )
     finally:
         end_ray_processes(ray_tmpdir)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)

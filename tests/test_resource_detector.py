@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.version import __version__ as sdk_version
 
 from conftest import run_under_instrument
 from opentelemetry.instrumentation.nemo_gym import resource_detector
@@ -38,6 +40,42 @@ NODE_ID = "af036bc1a572e890bc24014de5e647eb4c8c29e735b216ac545e7b91"
 WORKER_ID = "80ab809157a4ae6c91e6706928493c69beeb93d6fd8dce7bcf6597cd"
 SESSION = "session_2026-12-01_19-55-45_800421_26306"
 RAY = "/venv/lib/python3.12/site-packages/ray"
+# The resource every test compares whole: what the SDK itself adds (its own telemetry.sdk.*,
+# and the default service name where nothing names one), and gym_config()'s policy_model
+# server and a Ray 2.60 worker as the detector names them.
+SDK_DEFAULTS = {
+    "telemetry.sdk.language": "python",
+    "telemetry.sdk.name": "opentelemetry",
+    "telemetry.sdk.version": sdk_version,
+}
+POLICY_MODEL = {
+    "service.name": "nemo-gym/policy_model",
+    "nemo.gym.service_group": "nemo-gym",
+    "nemo.gym.server.name": "policy_model",
+    "nemo.gym.server.type": "responses_api_models",
+    "nemo.gym.server.implementation": "openai_model",
+    "nemo.gym.server.workers": 2,
+    "nemo.gym.server.uvicorn_worker": False,
+}
+RAY_WORKER = {
+    "service.name": "ray.worker",
+    "ray.component": "worker",
+    "ray.node.id": NODE_ID,
+    "ray.worker.id": WORKER_ID,
+    "ray.session.name": SESSION,
+}
+
+
+def per_process(attributes: Mapping[str, Any], pid: int | None = None) -> dict[str, Any]:
+    """``attributes`` without the three every process of ours carries, each checked here (a
+    UUID instance id, the process's pid, this one's by default, and a parent pid): the rest is
+    for the test to compare whole."""
+    rest = dict(attributes)
+    uuid.UUID(str(rest.pop("service.instance.id")))
+    assert rest.pop("process.pid") == (os.getpid() if pid is None else pid)
+    parent = rest.pop("process.parent_pid")
+    assert parent == os.getppid() if pid is None else isinstance(parent, int)
+    return rest
 
 
 def gym_config(num_workers: object = 2) -> dict[str, Any]:
@@ -130,11 +168,12 @@ def test_resource_create_runs_detector_only_when_listed(monkeypatch: pytest.Monk
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
     monkeypatch.delenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", raising=False)
-    assert "nemo.gym.server.name" not in Resource.create().attributes
+    sdk_only = dict(Resource.create().attributes)
+    sdk_only.pop("service.instance.id", None)  # the SDK's own, where it makes one (newer SDKs)
+    assert str(sdk_only.pop("service.name")).startswith("unknown_service")
+    assert sdk_only == SDK_DEFAULTS
     monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "nemo_gym")
-    attributes = Resource.create().attributes
-    assert attributes["service.name"] == "nemo-gym/policy_model"
-    assert attributes["nemo.gym.server.name"] == "policy_model"
+    assert per_process(Resource.create().attributes) == {**SDK_DEFAULTS, **POLICY_MODEL}
 
 
 def test_resource_create_otel_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,9 +182,13 @@ def test_resource_create_otel_service_name_wins(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "nemo_gym")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "rl-fleet")
-    attributes = Resource.create().attributes
-    assert attributes["service.name"] == "rl-fleet"
-    assert attributes["nemo.gym.server.name"] == "policy_model"
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert per_process(Resource.create().attributes) == {
+        **SDK_DEFAULTS,
+        **POLICY_MODEL,
+        "service.name": "rl-fleet",
+        "nemo.gym.service_group": "rl-fleet",  # OTEL_SERVICE_NAME is NeMo Gym's group
+    }
 
 
 @pytest.mark.parametrize(
@@ -161,8 +204,10 @@ def test_detector_configured_service_name_not_overridden(setting: dict[str, str]
     attributes = process_attributes(
         {**server_environment(gym_config(), "policy_model"), **setting}, ["app.py"]
     )
-    assert "service.name" not in attributes
-    assert attributes["nemo.gym.server.name"] == "policy_model"
+    expected = {k: v for k, v in POLICY_MODEL.items() if k != "service.name"}
+    # OTEL_SERVICE_NAME is also NeMo Gym's service group; a service.name attribute is not.
+    group = setting.get("OTEL_SERVICE_NAME", "nemo-gym")
+    assert per_process(attributes) == {**expected, "nemo.gym.service_group": group}
 
 
 def test_detector_server_process_named_from_config(
@@ -172,16 +217,7 @@ def test_detector_server_process_named_from_config(
     attributes = process_attributes(
         server_environment(gym_config(), "policy_model"), ["app.py"], []
     )
-    assert {k: v for k, v in attributes.items() if not k.startswith(("process.", "service.i"))} == {
-        "service.name": "nemo-gym/policy_model",
-        "nemo.gym.service_group": "nemo-gym",
-        "nemo.gym.server.name": "policy_model",
-        "nemo.gym.server.type": "responses_api_models",
-        "nemo.gym.server.implementation": "openai_model",
-        "nemo.gym.server.workers": 2,
-        "nemo.gym.server.uvicorn_worker": False,
-    }
-    assert attributes["process.pid"] == os.getpid()
+    assert per_process(attributes) == POLICY_MODEL
     assert detector_warnings.records == []
 
 
@@ -189,8 +225,7 @@ def test_detector_uvicorn_worker_marked() -> None:
     """A process uvicorn spawned for ``num_workers > 1`` says it is a uvicorn worker."""
     environ = server_environment(gym_config(), "policy_model", IS_NEMO_GYM_FASTAPI_WORKER="1")
     attributes = process_attributes(environ, ["-c"], [])
-    assert attributes["nemo.gym.server.uvicorn_worker"] is True
-    assert attributes["nemo.gym.server.name"] == "policy_model"
+    assert per_process(attributes) == {**POLICY_MODEL, "nemo.gym.server.uvicorn_worker": True}
 
 
 def test_detector_second_block_found_after_a_list() -> None:
@@ -198,9 +233,14 @@ def test_detector_second_block_found_after_a_list() -> None:
     attributes = process_attributes(
         server_environment(gym_config(), "example_single_tool_call_simple_agent"), ["app.py"]
     )
-    assert attributes["nemo.gym.server.type"] == "responses_api_agents"
-    assert attributes["nemo.gym.server.implementation"] == "simple_agent"
-    assert "nemo.gym.server.workers" not in attributes
+    assert per_process(attributes) == {
+        "service.name": "nemo-gym/example_single_tool_call_simple_agent",
+        "nemo.gym.service_group": "nemo-gym",
+        "nemo.gym.server.name": "example_single_tool_call_simple_agent",
+        "nemo.gym.server.type": "responses_api_agents",
+        "nemo.gym.server.implementation": "simple_agent",
+        "nemo.gym.server.uvicorn_worker": False,
+    }
 
 
 def test_detector_quoted_server_name_found() -> None:
@@ -208,7 +248,11 @@ def test_detector_quoted_server_name_found() -> None:
     config = gym_config()
     config["judge: it's"] = config.pop("policy_model")
     attributes = process_attributes(server_environment(config, "judge: it's"), ["app.py"])
-    assert attributes["nemo.gym.server.implementation"] == "openai_model"
+    assert per_process(attributes) == {
+        **POLICY_MODEL,
+        "service.name": "nemo-gym/judge: it's",
+        "nemo.gym.server.name": "judge: it's",
+    }
 
 
 def test_detector_secret_in_every_string_field_found_nowhere(
@@ -222,9 +266,11 @@ def test_detector_secret_in_every_string_field_found_nowhere(
         monkeypatch.setenv(key, value)
     attributes = process_attributes(environ, ["app.py"], [])
     resource = NemoGymResourceDetector().detect()
-    assert resource.attributes["nemo.gym.server.name"] == "policy_model"
-    assert attributes["nemo.gym.server.implementation"] == "openai_model"
-    assert "nemo.gym.server.workers" not in attributes
+    without_workers = {k: v for k, v in POLICY_MODEL.items() if k != "nemo.gym.server.workers"}
+    assert per_process(attributes) == without_workers
+    assert {k: v for k, v in per_process(resource.attributes).items() if k != "nemo.run.id"} == (
+        without_workers
+    )
     messages = [record.getMessage() for record in detector_warnings.records]
     assert len(messages) == 1
     assert "policy_model.responses_api_models.openai_model.num_workers" in messages[0]
@@ -237,39 +283,60 @@ def test_detector_ray_command_line_secret_found_nowhere() -> None:
     """A Ray worker's ``--redis-password``/``--redis-username`` never reach the resource."""
     attributes = process_attributes({}, ray_worker_argv(), [])
     assert SECRET not in json.dumps(attributes)
-    assert attributes["ray.node.id"] == NODE_ID
+    assert per_process(attributes) == RAY_WORKER
+
+
+# What a server's configuration still tells when it is bad: nothing, or all but the worker count.
+_TYPE_KNOWN = {
+    "nemo.gym.server.type": "responses_api_models",
+    "nemo.gym.server.implementation": "openai_model",
+}
 
 
 @pytest.mark.parametrize(
-    ("environ", "expected"),
+    ("environ", "expected", "known"),
     [
         (
             {"NEMO_GYM_CONFIG_PATH": "policy_model"},
             "NEMO_GYM_CONFIG_PATH names the NeMo Gym server 'policy_model' but "
             "NEMO_GYM_CONFIG_DICT is unset",
+            {},
         ),
         (
             {"NEMO_GYM_CONFIG_PATH": "policy_model", "NEMO_GYM_CONFIG_DICT": "{not: [yaml"},
             "NEMO_GYM_CONFIG_DICT has no server block 'policy_model' (from NEMO_GYM_CONFIG_PATH)",
+            {},
         ),
         (
             server_environment(gym_config(), "missing_server"),
             "NEMO_GYM_CONFIG_DICT has no server block 'missing_server'",
+            {},
         ),
         (
             server_environment(gym_config(num_workers="two"), "policy_model"),
             "NEMO_GYM_CONFIG_DICT: policy_model.responses_api_models.openai_model.num_workers "
             "is not a positive integer (value not shown)",
+            _TYPE_KNOWN,
         ),
     ],
     ids=["no-config", "not-yaml", "no-such-server", "bad-num-workers"],
 )
 def test_detector_bad_input_warns_naming_variable(
-    detector_warnings: pytest.LogCaptureFixture, environ: dict[str, str], expected: str
+    detector_warnings: pytest.LogCaptureFixture,
+    environ: dict[str, str],
+    expected: str,
+    known: dict[str, str],
 ) -> None:
     """Bad or missing configuration: one warning naming the variable; the name is still used."""
     attributes = process_attributes(environ, ["app.py"], [])
-    assert attributes["service.name"] == f"nemo-gym/{environ['NEMO_GYM_CONFIG_PATH']}"
+    named = environ["NEMO_GYM_CONFIG_PATH"]
+    assert per_process(attributes) == {
+        "service.name": f"nemo-gym/{named}",
+        "nemo.gym.service_group": "nemo-gym",
+        "nemo.gym.server.name": named,
+        "nemo.gym.server.uvicorn_worker": False,
+        **known,
+    }
     (record,) = detector_warnings.records
     assert record.levelno == logging.WARNING
     assert expected in record.getMessage()
@@ -278,14 +345,14 @@ def test_detector_bad_input_warns_naming_variable(
 def test_detector_plain_process_has_only_its_instance() -> None:
     """Outside NeMo Gym and Ray: an instance id and pids, no service name of ours."""
     attributes = process_attributes({}, ["/usr/bin/python3", "app.py"], [])
-    assert set(attributes) == {"service.instance.id", "process.pid", "process.parent_pid"}
+    assert per_process(attributes) == {}
 
 
 def test_detector_nemo_gym_cli_named_orchestrator() -> None:
     """NeMo Gym's own commands (``gym``, ``ng_run``) are its orchestrator, as NeMo Gym names it."""
     for argv in (["/venv/bin/gym", "eval", "run"], ["/venv/bin/ng_run"]):
         attributes = process_attributes({}, argv)
-        assert {k: v for k, v in attributes.items() if k.startswith(("service.n", "nemo."))} == {
+        assert per_process(attributes) == {
             "service.name": "nemo-gym/orchestrator",
             "nemo.gym.service_group": "nemo-gym",
             "nemo.gym.server.name": "orchestrator",
@@ -310,8 +377,7 @@ def test_detector_ray_worker_ignores_inherited_nemo_gym_server() -> None:
     """A Ray worker that inherited a server's variables is a Ray worker, not that server."""
     environ = server_environment(gym_config(), "policy_model")
     attributes = process_attributes(environ, ray_worker_argv(), [])
-    assert attributes["service.name"] == "ray.worker"
-    assert "nemo.gym.server.name" not in attributes
+    assert per_process(attributes) == RAY_WORKER
 
 
 @pytest.mark.parametrize(
@@ -332,8 +398,8 @@ def test_detector_ray_system_process_named(
 ) -> None:
     """Ray's own daemons are named by component, and count as system processes."""
     attributes = ray_process_attributes(argv, parent_argv)
-    assert attributes["ray.component"] == component
-    assert attributes["service.name"] == f"ray.{component}"
+    node = {"ray.node.id": NODE_ID} if f"--node-id={NODE_ID}" in argv else {}
+    assert attributes == {"service.name": f"ray.{component}", "ray.component": component, **node}
     assert is_ray_system_process(argv, parent_argv)
 
 
@@ -361,12 +427,15 @@ def test_opentelemetry_instrument_two_uvicorn_workers_distinct_instances() -> No
     config = with_secret_everywhere(gym_config())
     environ = server_environment(config, "policy_model", IS_NEMO_GYM_FASTAPI_WORKER="1")
     first, second = (run_identify(APP, **environ)["resource"] for _ in range(2))
-    for resource in (first, second):
-        assert resource["service.name"] == "nemo-gym/policy_model"
-        assert resource["nemo.gym.server.type"] == "responses_api_models"
-        assert resource["nemo.gym.server.uvicorn_worker"] is True
     assert first["service.instance.id"] != second["service.instance.id"]
     assert first["process.pid"] != second["process.pid"]
+    for resource in (first, second):
+        ours = per_process(resource, pid=resource["process.pid"])
+        # telemetry.* is the SDK's and opentelemetry-instrument's own.
+        assert {k: v for k, v in ours.items() if not k.startswith("telemetry.")} == {
+            **POLICY_MODEL,
+            "nemo.gym.server.uvicorn_worker": True,
+        }
 
 
 @pytest.mark.integration
@@ -379,7 +448,11 @@ def test_opentelemetry_instrument_ray_system_process_left_plain(tmp_path: Path) 
     ray_agent = run_identify(agent)
     assert ours["connector"] == "QueueTimedTCPConnector"
     assert ray_agent["connector"] == "TCPConnector"
-    assert ray_agent["resource"]["service.name"] == "ray.dashboard_agent"
+    agent_resource = per_process(ray_agent["resource"], pid=ray_agent["resource"]["process.pid"])
+    assert {k: v for k, v in agent_resource.items() if not k.startswith("telemetry.")} == {
+        "service.name": "ray.dashboard_agent",
+        "ray.component": "dashboard_agent",
+    }
 
 
 def test_detector_long_server_name_cut_in_warning(
@@ -419,8 +492,7 @@ def test_detector_service_name_per_server_off_names_group() -> None:
         gym_config(), "policy_model", NEMO_GYM_OTEL_SERVICE_NAME_PER_SERVER="0"
     )
     attributes = process_attributes(environ, ["app.py"])
-    assert attributes["service.name"] == "nemo-gym"
-    assert attributes["nemo.gym.server.name"] == "policy_model"
+    assert per_process(attributes) == {**POLICY_MODEL, "service.name": "nemo-gym"}
 
 
 @pytest.mark.parametrize(
@@ -436,8 +508,9 @@ def test_detector_otel_service_name_group_only_with_nemo_gym_telemetry(
         gym_config(), "policy_model", OTEL_SERVICE_NAME="rl-fleet", **telemetry
     )
     attributes = process_attributes(environ, ["app.py"])
-    assert attributes.get("service.name") == expected
-    assert attributes["nemo.gym.service_group"] == "rl-fleet"
+    named = {"service.name": expected} if expected is not None else {}
+    rest = {k: v for k, v in POLICY_MODEL.items() if k != "service.name"}
+    assert per_process(attributes) == {**rest, **named, "nemo.gym.service_group": "rl-fleet"}
 
 
 @pytest.mark.parametrize(
@@ -457,20 +530,24 @@ def test_detector_server_run_id_from_environment(
     attributes = process_attributes(
         server_environment(gym_config(), "policy_model", **variables), ["app.py"]
     )
-    assert attributes.get("nemo.run.id") == expected
+    run = {"nemo.run.id": expected} if expected is not None else {}
+    assert per_process(attributes) == {**POLICY_MODEL, **run}
 
 
 def test_detector_ray_worker_keeps_inherited_run_id() -> None:
     """A Ray worker started inside a run reports that run; its name stays Ray's."""
     environ = server_environment(gym_config(), "policy_model", NEMO_GYM_OTEL_RUN_ID="a1")
     attributes = process_attributes(environ, ray_worker_argv(), [])
-    assert (attributes["service.name"], attributes["nemo.run.id"]) == ("ray.worker", "a1")
+    assert per_process(attributes) == {**RAY_WORKER, "nemo.run.id": "a1"}
 
 
 def test_detector_configured_instance_id_not_overridden() -> None:
     """A ``service.instance.id`` in ``OTEL_RESOURCE_ATTRIBUTES``: the detector sets none."""
     environ = {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=mine"}
-    assert "service.instance.id" not in process_attributes(environ, ["app.py"])
+    assert process_attributes(environ, ["app.py"]) == {
+        "process.pid": os.getpid(),
+        "process.parent_pid": os.getppid(),
+    }
 
 
 def test_detect_cli_begins_run_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:

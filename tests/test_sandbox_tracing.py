@@ -458,10 +458,7 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
         await provider.exec(sandbox, burn + burn)
         # Wait on the condition, bounded generously: on a loaded machine the burners may stay
         # under their quota for a long while before the kernel throttles them.
-        for _ in range(1200):
-            if throttled_samples():
-                break
-            await asyncio.sleep(0.1)
+        await eventually(throttled_samples, "a throttled sample", timeout=150, interval=0.1)
         await provider.exec(sandbox, "kill -9 $(cat burners.pid)")
         hog = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
         result = await provider.exec(sandbox, hog, timeout_s=60)
