@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._bwrap import Jail
 
 # --- sandboxes --------------------------------------------------------------------------------
 
@@ -31,11 +32,61 @@ class Sandbox:
     workdir: Path
     env: dict[str, str]
     cgroup: _cgroups.Cgroup | None
+    isolation: str  # "bwrap" or "none"
+    jail: Jail | None = None  # with bwrap: the holder whose namespaces commands join
+    tmp: Path | None = None  # with bwrap: the directory each command sees as /tmp
     sessions: set[int] = field(default_factory=set)  # one session (and group) per command
     closed: bool = False
     # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
     proc_cpu: dict[tuple[int, int], float] = field(default_factory=dict)
     proc_peak_mib: float = 0.0
+
+
+ISOLATIONS = ("bwrap", "none")
+
+
+def check_options(
+    *,
+    isolation: object,
+    network: object,
+    read_only_paths: object,
+    cgroups: object,
+    pids_limit: object,
+    cgroup_parent: object,
+    base_dir: object,
+    max_output_bytes: object,
+) -> tuple[str, ...]:
+    """Check ``ProcessSandboxProvider``'s options (they may come from a NeMo Gym config, so
+    types too), raising ``ValueError`` naming the option and the value; returns
+    ``read_only_paths`` as a tuple."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation={isolation!r} must be 'bwrap' or 'none'")
+    if not isinstance(network, bool):
+        raise ValueError(f"network={network!r} must be true or false")  # noqa: TRY004
+    if isinstance(read_only_paths, str) or not isinstance(read_only_paths, list | tuple):
+        raise ValueError(  # noqa: TRY004
+            f"read_only_paths={read_only_paths!r} must be a list of absolute paths"
+        )
+    for path in read_only_paths:
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+            raise ValueError(f"read_only_paths entry {path!r} must be an absolute path")
+    if not isinstance(cgroups, bool):
+        raise ValueError(f"cgroups={cgroups!r} must be true or false")  # noqa: TRY004
+    if pids_limit is not None and (
+        isinstance(pids_limit, bool) or not isinstance(pids_limit, int) or pids_limit < 1
+    ):
+        raise ValueError(f"pids_limit={pids_limit!r} must be a positive integer or None")
+    if not isinstance(cgroup_parent, str):
+        raise ValueError(f"cgroup_parent={cgroup_parent!r} must be a string")  # noqa: TRY004
+    if base_dir is not None and not isinstance(base_dir, str | os.PathLike):
+        raise ValueError(f"base_dir={base_dir!r} must be a path or None")
+    if not cgroup_parent or "/" in cgroup_parent or cgroup_parent in (".", ".."):
+        raise ValueError(f"cgroup_parent={cgroup_parent!r} must be one directory name")
+    if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int):
+        raise ValueError(f"max_output_bytes={max_output_bytes!r} must be an integer")  # noqa: TRY004
+    if max_output_bytes < 0:
+        raise ValueError(f"max_output_bytes={max_output_bytes!r} must not be negative")
+    return tuple(read_only_paths)
 
 
 # Bad spec input raises ValueError throughout (wrong types included, hence the TRY004
@@ -73,7 +124,7 @@ def make_directory(
 ) -> tuple[Path, Path]:
     """Make the sandbox's directory, working directory and files: (root, workdir). Raises
     ``OSError`` after removing whatever it made."""
-    root = Path(tempfile.mkdtemp(prefix=f"nemo-gym-{sandbox_id}-", dir=base_dir)).resolve()
+    root = make_temporary(base_dir, f"nemo-gym-{sandbox_id}-")
     try:
         work = root if workdir is None else root / workdir
         work.mkdir(parents=True, exist_ok=True)
@@ -85,6 +136,11 @@ def make_directory(
         shutil.rmtree(root, ignore_errors=True)
         raise
     return root, work
+
+
+def make_temporary(base_dir: str | None, prefix: str) -> Path:
+    """A new private directory (mode 0700) in ``base_dir``, its path resolved."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base_dir)).resolve()
 
 
 def inside(state: Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
