@@ -31,31 +31,24 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import (
-    ProcScan,
-    proc_table,
-)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
     Sandbox,
     check_env,
     check_options,
-    drain,
+    check_spec,
     inside,
-    kill,
-    kill_group,
+    kill_all,
     make_directory,
     make_temporary,
-    reap_in_background,
-    relative_path,
+    run_command,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -81,10 +74,6 @@ __all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ISOLATION", "ProcessSandboxProvider"]
 
 LOGGER = logging.getLogger(__name__)
 
-_MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
-_OUTPUT_GRACE_S = 0.2
-_KILL_ROUNDS = 200
-_KILL_PAUSE_S = 0.01
 _COMPONENT = "sandbox"
 # The isolation level of a sandbox, on every span and record of it: "bwrap" or "none".
 ISOLATION = PREFIX + "isolation"
@@ -172,35 +161,7 @@ class ProcessSandboxProvider:
         ``spec`` may also be nemo_gym's ``SandboxSpec`` or a plain mapping of its fields.
         """
         spec = _spec_from(spec)
-        resources = _resources_of(spec)
-        if resources.gpu or resources.gpu_type is not None:
-            raise SandboxCreateError(
-                f"process provider has no GPUs: gpu={resources.gpu!r}, "
-                f"gpu_type={resources.gpu_type!r}"
-            )
-        if resources.cpu is not None and resources.cpu < _MIN_CPU:
-            raise ValueError(f"resources.cpu={resources.cpu!r} must be at least {_MIN_CPU} cores")
-        if resources.memory_mib is not None and resources.memory_mib < 1:
-            raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
-        options = getattr(spec, "provider_options", None) or {}
-        if options:
-            # Keys only: option values may hold credentials.
-            keys = ", ".join(sorted(repr(k) for k in options))
-            raise ValueError(
-                f"provider_options keys {keys}: the process provider takes none (allowed: none)"
-            )
-        workdir = getattr(spec, "workdir", None)
-        relative_workdir = None if workdir is None else relative_path("workdir", workdir)
-        env = check_env("env", getattr(spec, "env", None))
-        files = getattr(spec, "files", None) or {}
-        if not isinstance(files, dict):
-            raise ValueError(f"files={files!r} must map relative paths to text")  # noqa: TRY004
-        for target, content in files.items():
-            relative_path("files key", target)
-            if not isinstance(content, str):
-                kind = type(content).__name__
-                raise ValueError(f"files[{target!r}] must be text, not {kind}")  # noqa: TRY004
-
+        resources, relative_workdir, env, files = check_spec(spec)
         # Before anything is made: without bwrap there is nothing to undo.
         bwrap = _bwrap.find_bwrap() if self._isolation == "bwrap" else None
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
@@ -304,53 +265,14 @@ class ProcessSandboxProvider:
             mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
             argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
             cwd_on_host = state.root
-        oom_before = _cgroups.oom_kills(state.cgroup)
-        process = await asyncio.create_subprocess_exec(
-            *_cgroups.joining(state.cgroup, argv),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        return await run_command(
+            state,
+            argv,
             cwd=cwd_on_host,
             env=command_env,
-            start_new_session=True,
-            pass_fds=() if state.jail is None else state.jail.fds,
+            timeout=timeout,
+            max_output=self._max_output,
         )
-        state.sessions.add(process.pid)
-        out, err = bytearray(), bytearray()
-        readers = [
-            asyncio.ensure_future(drain(process.stdout, out, self._max_output)),
-            asyncio.ensure_future(drain(process.stderr, err, self._max_output)),
-        ]
-        timed_out = False
-        try:
-            await asyncio.wait_for(process.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-            kill_group(process.pid)
-            await process.wait()
-        except asyncio.CancelledError:
-            kill_group(process.pid)
-            reap_in_background(process)
-            for reader in readers:
-                reader.cancel()
-            raise
-        # Background processes may hold the pipes open after the command ended: take what
-        # arrived within a short grace and leave the rest.
-        _, pending = await asyncio.wait(readers, timeout=_OUTPUT_GRACE_S)
-        for reader in pending:
-            reader.cancel()
-        stdout = out.decode("utf-8", errors="replace")
-        stderr = err.decode("utf-8", errors="replace")
-        if timed_out:
-            return SandboxExecResult(stdout, stderr, EXEC_TIMEOUT_RETURN_CODE, "timeout")
-        code = process.returncode if process.returncode is not None else EXEC_TIMEOUT_RETURN_CODE
-        if code < 0:
-            code = 128 - code
-        error_type = None
-        oom_after = _cgroups.oom_kills(state.cgroup)
-        if code == 128 + signal.SIGKILL and oom_after is not None and oom_after > (oom_before or 0):
-            error_type = "oom_kill"
-        return SandboxExecResult(stdout, stderr, code, error_type)
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
@@ -373,7 +295,7 @@ class ProcessSandboxProvider:
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
-        ``ERROR`` if the sandbox's directory has vanished."""
+        ``ERROR`` if the sandbox's directory has vanished or its bubblewrap holder has ended."""
         state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
         if state is None:
             raw = getattr(handle, "raw", None)
@@ -382,6 +304,8 @@ class ProcessSandboxProvider:
                 if isinstance(raw, Sandbox) and raw.closed
                 else (SandboxStatus.UNKNOWN)
             )
+        if state.jail is not None and state.jail.holder.returncode is not None:
+            return SandboxStatus.ERROR  # its namespaces are gone: no command can run
         return SandboxStatus.RUNNING if state.root.is_dir() else SandboxStatus.ERROR
 
     async def close(self, handle: SandboxHandle) -> None:
@@ -400,7 +324,7 @@ class ProcessSandboxProvider:
         """End every process of the sandbox, then remove its cgroup and directories."""
         if state.jail is not None:
             await _bwrap.stop_jail(state.jail)
-        await self._kill_all(state)
+        await kill_all(state)
         if state.cgroup is not None:
             await _cgroups.remove_cgroup(state.cgroup)
         for directory in (state.root, state.tmp):
@@ -415,26 +339,6 @@ class ProcessSandboxProvider:
             for mount in set(self._layout.mounts.values()):
                 with contextlib.suppress(OSError):
                     (mount / self._cgroup_parent).rmdir()
-
-    async def _kill_all(self, state: Sandbox) -> None:
-        for session in state.sessions:
-            kill_group(session)
-        cgroup = state.cgroup
-        if cgroup is not None and cgroup.version == 2 and cgroup.file("", "cgroup.kill").exists():
-            with contextlib.suppress(OSError):
-                _cgroups.write_text(cgroup.file("", "cgroup.kill"), "1")
-        # Processes can fork while being killed: repeat until none is left (bounded).
-        for _ in range(_KILL_ROUNDS):
-            if cgroup is not None:
-                pids = _cgroups.cgroup_pids(cgroup)
-            else:
-                pids = {p[0] for p in proc_table() if p[1] in state.sessions}
-            if not pids:
-                return
-            for pid in pids:
-                kill(pid)
-            await asyncio.sleep(_KILL_PAUSE_S)
-        LOGGER.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
