@@ -1,36 +1,29 @@
 """ProcessSandboxProvider's isolation, attacked: each escape attempt runs inside a sandbox and
 must fail under bubblewrap, and the same command must succeed with ``isolation="none"`` (so that
-each test can fail). Also: no bwrap on PATH is a one-line refusal, and the opt-in is loud."""
+each test can fail). The isolation levels themselves: ``test_process_isolation_levels.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import require_service, serve_on_loopback
+from isolation_support import bwrap_on_path, run_server
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
-    SandboxCreateError,
     SandboxHandle,
     SandboxSpec,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
-    ISOLATION,
     ProcessSandboxProvider,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
-from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
 
 TOKEN = f"escape-{uuid.uuid4().hex}"
 CONTAINED_NOTE = "must fail inside bubblewrap"
@@ -40,14 +33,10 @@ CONTAINED_NOTE = "must fail inside bubblewrap"
 async def provider(request: pytest.FixtureRequest) -> AsyncIterator[ProcessSandboxProvider]:
     """A provider of each isolation level (bubblewrap's is required: fails under CI)."""
     if request.param == "bwrap":
-        require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+        require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
     made = ProcessSandboxProvider(isolation=request.param)
     yield made
     await made.aclose()
-
-
-def _bwrap_on_path() -> bool:
-    return any(Path(d, "bwrap").is_file() for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
 def isolated(provider: ProcessSandboxProvider) -> bool:
@@ -158,7 +147,7 @@ async def test_process_isolation_has_no_network(
 
 async def test_process_isolation_network_true_is_the_hosts(host_server: int) -> None:
     """network=True asks bubblewrap for the host's network: the loopback server answers."""
-    require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+    require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
     provider = ProcessSandboxProvider(network=True)
     try:
         sandbox = await provider.create(SandboxSpec())
@@ -212,31 +201,14 @@ asyncio.run(main())
 """
 
 
-def run_server(
-    tmp_path: Path, env: dict[str, str], *arguments: str, script: str = SERVER
-) -> subprocess.CompletedProcess[str]:
-    """``script`` as a server process of its own, with exactly ``env`` (and this test's
-    Python path), run by this interpreter by its absolute path."""
-    path = tmp_path / "server.py"
-    path.write_text(script)
-    return subprocess.run(
-        [sys.executable, str(path), *arguments],
-        env={**env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("isolation", ["bwrap", "none"])
 def test_process_isolation_hides_the_servers_environment(isolation: str, tmp_path: Path) -> None:
     """A secret in the server's environment is out of reach inside bubblewrap (neither
     inherited nor readable in /proc); without it, /proc gives it away (by $PPID and by PID)."""
     if isolation == "bwrap":
-        require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+        require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
     env = {"PATH": os.environ["PATH"], "NEMO_GYM_ESCAPE_SECRET": TOKEN}
-    server = run_server(tmp_path, env, isolation)
+    server = run_server(tmp_path, env, isolation, script=SERVER)
     assert server.returncode == 0, server.stderr
     secret = f"NEMO_GYM_ESCAPE_SECRET={TOKEN}"
     if isolation == "bwrap":
@@ -278,7 +250,7 @@ async def test_process_isolation_pids_limit_stops_forks(isolation: str) -> None:
     """Under pids_limit=32 a command that starts 64 processes gets no further than 32 (the
     kernel refuses the rest); without a limit all 64 run. Either way close ends them all."""
     if isolation == "bwrap":
-        require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+        require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
     capped = ProcessSandboxProvider(isolation=isolation, pids_limit=32)
     uncapped = ProcessSandboxProvider(isolation=isolation, pids_limit=None)
     require_pids_controller(capped)
@@ -312,7 +284,7 @@ FORK_BOMB = "exec bash -c 'b() { b & b & wait; }; b'"
 async def test_process_isolation_fork_bomb_is_contained() -> None:
     """A fork bomb inside bubblewrap under pids_limit=32 stays at 32 processes, the host keeps
     starting processes meanwhile, and closing the sandbox ends the bomb while it runs."""
-    require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+    require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
     provider = ProcessSandboxProvider(pids_limit=32)
     require_pids_controller(provider)
     try:
@@ -338,126 +310,3 @@ async def test_process_isolation_fork_bomb_is_contained() -> None:
     assert result.return_code == 128 + 9  # the bomb's first shell, killed with the sandbox
     assert holder.returncode is not None
     assert [d for d in directories if d.exists()] == []
-
-
-# --- without bubblewrap: a refusal, or the explicit opt-in -------------------------------------
-
-MISSING = r"""
-import asyncio, sys
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxCreateError
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
-    ProcessSandboxProvider,
-)
-
-
-async def main():
-    provider = ProcessSandboxProvider(isolation=sys.argv[1])
-    try:
-        sandbox = await provider.create({})
-        print((await provider.exec(sandbox, "echo ran")).stdout, end="")
-    except SandboxCreateError as error:
-        print(f"{type(error).__name__}: {error}")
-    finally:
-        await provider.aclose()
-
-asyncio.run(main())
-"""
-
-
-@pytest.mark.parametrize("isolation", ["bwrap", "none"])
-def test_process_isolation_without_bwrap_refuses_unless_opted_out(
-    isolation: str, tmp_path: Path
-) -> None:
-    """With no bwrap on PATH, create raises one line naming the program, the package and the
-    opt-in; with isolation="none" the sandbox runs, with the warning on stderr."""
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    server = run_server(tmp_path, {"PATH": str(empty)}, isolation, script=MISSING)
-    assert server.returncode == 0, server.stderr
-    if isolation == "bwrap":
-        assert server.stdout == (
-            "SandboxCreateError: process sandbox isolation needs bubblewrap: no 'bwrap' on PATH;"
-            " install it (apt-get install bubblewrap) or opt into unisolated processes with"
-            ' ProcessSandboxProvider(isolation="none")\n'
-        )
-    else:
-        assert server.stdout == "ran\n"
-        assert "is not isolated (isolation='none')" in server.stderr
-
-
-async def test_process_isolation_none_warns_per_sandbox_and_says_so_in_records(
-    global_tracer_provider: TracerProvider,
-    span_exporter: InMemorySpanExporter,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every sandbox made with isolation="none" logs one warning naming it, and every span and
-    resource record of it carries nemo.gym.sandbox.isolation = "none"."""
-    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.1")
-    provider = traced_provider(ProcessSandboxProvider(isolation="none", cgroups=False))
-    with caplog.at_level(logging.WARNING):
-        first = await provider.create(SandboxSpec())
-        second = await provider.create(SandboxSpec())
-    await provider.exec(first, "true")
-    await provider.close(first)
-    await provider.close(second)
-    await provider.aclose()
-    warnings = [r.getMessage() for r in caplog.records if "is not isolated" in r.getMessage()]
-    assert len(warnings) == 2
-    assert first.sandbox_id in warnings[0]
-    assert second.sandbox_id in warnings[1]
-    spans = [
-        s
-        for s in span_exporter.get_finished_spans()
-        if s.name.startswith("sandbox.") and s.name != "sandbox.aclose"
-    ]
-    names = {s.name for s in spans}
-    assert {"sandbox.create", "sandbox.exec", "sandbox.close", "sandbox.resources"} <= names
-    assert {(s.attributes or {}).get(ISOLATION) for s in spans} == {"none"}
-
-
-async def test_process_isolation_bwrap_is_on_every_span_and_record(
-    global_tracer_provider: TracerProvider,
-    span_exporter: InMemorySpanExporter,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """By default every span and resource record of a sandbox says isolation = "bwrap"."""
-    require_service(_bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
-    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.1")
-    provider = traced_provider(ProcessSandboxProvider(cgroups=False))
-    sandbox = await provider.create(SandboxSpec())
-    await provider.exec(sandbox, "true")
-    await provider.close(sandbox)
-    await provider.aclose()
-    spans = [
-        s
-        for s in span_exporter.get_finished_spans()
-        if s.name.startswith("sandbox.") and s.name != "sandbox.aclose"
-    ]
-    names = {s.name for s in spans}
-    assert {"sandbox.create", "sandbox.exec", "sandbox.close", "sandbox.resources"} <= names
-    assert {(s.attributes or {}).get(ISOLATION) for s in spans} == {"bwrap"}
-
-
-def test_process_isolation_option_is_checked() -> None:
-    """An isolation other than "bwrap" or "none" raises ValueError naming the option and value."""
-    with pytest.raises(ValueError, match="isolation='docker' must be 'bwrap' or 'none'"):
-        ProcessSandboxProvider(isolation="docker")
-    with pytest.raises(ValueError, match="network='yes' must be true or false"):
-        ProcessSandboxProvider(network="yes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="read_only_paths entry 'venv' must be an absolute path"):
-        ProcessSandboxProvider(read_only_paths=["venv"])
-    with pytest.raises(ValueError, match="pids_limit=0 must be a positive integer or None"):
-        ProcessSandboxProvider(pids_limit=0)
-
-
-async def test_process_isolation_create_error_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A refused create (no bwrap) makes no directory and no cgroup."""
-    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
-    provider = ProcessSandboxProvider(base_dir=tmp_path)
-    with pytest.raises(SandboxCreateError, match="apt-get install bubblewrap"):
-        await provider.create(SandboxSpec())
-    await provider.aclose()
-    assert not any(tmp_path.iterdir())  # noqa: ASYNC240 - a test's own directory

@@ -174,7 +174,7 @@ async def start_jail(bwrap: str, network: bool) -> Jail:
         "--new-session",
         "--cap-drop",
         "ALL",
-        *mounts_for_holder(),
+        *_holder_mounts(),
         "--info-fd",
         str(info_write),
         "--",
@@ -214,7 +214,7 @@ async def start_jail(bwrap: str, network: bool) -> Jail:
         os.close(info_read)
 
 
-def mounts_for_holder() -> list[str]:
+def _holder_mounts() -> list[str]:
     """The holder only sleeps: the system directories are all it needs."""
     return [*_system_directories(), "--proc", "/proc", "--dev", "/dev"]
 
