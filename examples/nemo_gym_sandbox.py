@@ -39,8 +39,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-# What a NeMo Gym config names: `sandbox_provider: {otel_process: {cgroups: true}}`.
-PROVIDER_CONFIG: dict[str, dict[str, Any]] = {"otel_process": {"cgroups": True}}
+# What a NeMo Gym config names: `sandbox_provider: {otel_process: {cgroups: true, ...}}`. The
+# sandbox runs this interpreter, which its isolation hides unless it is named, read-only.
+INTERPRETER = sorted({sys.prefix, sys.base_prefix})
+PROVIDER_CONFIG: dict[str, dict[str, Any]] = {
+    "otel_process": {"cgroups": True, "read_only_paths": INTERPRETER}
+}
 SPEC = SandboxSpec(
     files={"solve.py": "print(sum(range(10**6)))\n"},
     resources={"cpu": 0.5, "memory_mib": 64},
@@ -126,7 +130,8 @@ def main() -> int:
         help="run the sandbox without cgroups: nothing enforces the request (a mismatch)",
     )
     args = parser.parse_args()
-    config = {"otel_process": {"cgroups": False}} if args.without_cgroups else PROVIDER_CONFIG
+    without_cgroups = {"otel_process": {"cgroups": False, "read_only_paths": INTERPRETER}}
+    config = without_cgroups if args.without_cgroups else PROVIDER_CONFIG
     exporter = watch_spans()
     asyncio.run(run_sandbox(config))
     if exporter is None:

@@ -36,6 +36,9 @@ CPU_BOUND = (
     f"{sys.executable} -c 'import time\nend = time.time() + 1.0\nwhile time.time() < end: pass'"
 )
 MEMORY_HUNGRY = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
+# The commands run this interpreter, which an isolated sandbox sees only where it is told to
+# (read-only): its virtualenv and the installation behind it.
+INTERPRETER = sorted({sys.prefix, sys.base_prefix})
 
 
 def collect_spans() -> InMemorySpanExporter:
@@ -131,7 +134,7 @@ code 137 show the limit at work (without cgroups nothing is enforced)."""
 async def main() -> None:
     os.environ.setdefault("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", INTERVAL_S)
     exporter = collect_spans()
-    inner = ProcessSandboxProvider()
+    inner = ProcessSandboxProvider(read_only_paths=INTERPRETER)
     if inner.cgroup_version is None:
         print("note: no writable cgroups here (try as root); limits are not enforced\n")
     provider = traced_provider(inner)

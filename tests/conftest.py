@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -242,7 +243,9 @@ async def serve_on_loopback(
 
 @pytest.fixture
 async def process() -> AsyncIterator[ProcessSandboxProvider]:
-    """A process sandbox provider without cgroups, closed after the test."""
+    """A process sandbox provider without cgroups (isolated by bubblewrap, the default),
+    closed after the test."""
+    require_service(shutil.which("bwrap") is not None, "bwrap not on PATH (bubblewrap)")
     made = ProcessSandboxProvider(cgroups=False)
     yield made
     await made.aclose()

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
 
 REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
+ISOLATION = PREFIX + "isolation"
 KIND, FINAL, ERROR = PREFIX + "resource.kind", PREFIX + "resource.final", PREFIX + "resource.error"
 
 
@@ -94,9 +95,13 @@ PROC_USAGE: dict[str, Any] = {
 }
 
 
-def identity(request_id: Any, provider: str, sandbox_id: Any) -> dict[str, Any]:
-    """The identity every span of one created sandbox carries."""
-    return {REQUEST_ID: request_id, PROVIDER: provider, SANDBOX_ID: sandbox_id}
+def identity(
+    request_id: Any, provider: str, sandbox_id: Any, isolation: str | None = None
+) -> dict[str, Any]:
+    """The identity every span of one created sandbox carries; ``isolation`` for a process
+    sandbox (``"bwrap"`` or ``"none"``), whose spans all say how it was isolated."""
+    known = {REQUEST_ID: request_id, PROVIDER: provider, SANDBOX_ID: sandbox_id}
+    return known if isolation is None else {**known, ISOLATION: isolation}
 
 
 def record(identity: dict[str, Any], kind: str, final: bool = False) -> dict[str, Any]:

@@ -23,8 +23,8 @@ import pytest
 from conftest import require_service
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
-    JOIN_SCRIPT,
     Cgroup,
+    joining,
     remove_cgroup,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
@@ -129,10 +129,8 @@ async def instance_cgroup(processes: Processes) -> Iterator[Cgroup]:  # type: ig
 
 
 def _in_cgroup(cgroup: Cgroup, *argv: str) -> list[str]:
-    """``argv`` started inside ``cgroup`` (it joins before it runs, as JOIN_SCRIPT does)."""
-    command = " ".join(f"'{a}'" for a in argv)
-    procs = [str(d / "cgroup.procs") for d in cgroup.unique_dirs()]
-    return ["sh", "-c", JOIN_SCRIPT, "sh", f"exec {command}", *procs]
+    """``argv`` started inside ``cgroup`` (it joins before it runs, as the provider's do)."""
+    return joining(cgroup, argv)
 
 
 async def test_host_instance_reader_reads_the_instance_cgroup(

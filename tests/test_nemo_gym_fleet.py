@@ -11,7 +11,6 @@ once per meter provider. Each test runs with the global providers and with expli
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -133,7 +132,9 @@ async def test_async_sandbox_otel_process_oom_kill_counted(
     )
     spec = nemo_gym.SandboxSpec(resources={"memory_mib": 48})
     config = {"otel_process": {"base_dir": str(tmp_path)}}
-    hog = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
+    # dd's 200 MiB block is one buffer, filled from /dev/zero (nothing outside the system
+    # directories, which are all an isolated sandbox sees).
+    hog = "exec dd if=/dev/zero of=/dev/null bs=200M count=1"
     async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
         await sandbox.start()
         result = await sandbox.exec(hog, timeout_s=60)

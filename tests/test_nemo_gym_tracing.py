@@ -90,7 +90,7 @@ async def test_async_sandbox_otel_process_one_span_per_call(
     records = await resource_records(telemetry, sandbox_id)
     lifecycle = [s for s in telemetry.finished() if s.name in LIFECYCLE]
     assert [s.name for s in lifecycle] == list(LIFECYCLE)
-    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox_id)
+    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox_id, isolation="bwrap")
     assert [attrs(s) for s in lifecycle] == [
         {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED},
         known,

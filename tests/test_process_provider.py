@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +31,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
 )
 from waiting import eventually
 
-PYTHON = sys.executable
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 USAGE = PREFIX + "usage."
 
@@ -58,18 +57,53 @@ def require_cgroups(provider: ProcessSandboxProvider) -> int:
     return version
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[ProcessSandboxProvider]:
-    made = ProcessSandboxProvider()
+def require_bwrap(isolation: str) -> None:
+    """Skip (fail under CI) an isolated case on a machine without bubblewrap."""
+    if isolation == "bwrap":
+        require_service(shutil.which("bwrap") is not None, "bwrap not on PATH (bubblewrap)")
+
+
+# Each behaviour holds whether commands run isolated by bubblewrap or as plain processes.
+@pytest.fixture(params=["bwrap", "none"])
+async def provider(request: pytest.FixtureRequest) -> AsyncIterator[ProcessSandboxProvider]:
+    require_bwrap(request.param)
+    made = ProcessSandboxProvider(isolation=request.param)
     yield made
     await made.aclose()
 
 
-@pytest.fixture
-async def plain_provider() -> AsyncIterator[ProcessSandboxProvider]:
-    made = ProcessSandboxProvider(cgroups=False)
+@pytest.fixture(params=["bwrap", "none"])
+async def plain_provider(request: pytest.FixtureRequest) -> AsyncIterator[ProcessSandboxProvider]:
+    require_bwrap(request.param)
+    made = ProcessSandboxProvider(cgroups=False, isolation=request.param)
     yield made
     await made.aclose()
+
+
+def pid_namespace(sandbox: SandboxHandle) -> int | None:
+    """The inode of the sandbox's own PID namespace; ``None`` when its commands share ours."""
+    jail = sandbox.raw.jail
+    return None if jail is None else os.fstat(jail.pidns_fd).st_ino
+
+
+def host_pid(namespace: int | None, pid: int) -> int | None:
+    """The PID on this host of the live process that is ``pid`` in PID namespace
+    ``namespace`` (``None`` for ours), from each process's ``NSpid`` line; ``None`` if none."""
+    if namespace is None:
+        return pid if alive(pid) else None
+    with os.scandir("/proc") as entries:
+        names = [e.name for e in entries if e.name.isdigit()]
+    for name in names:
+        try:
+            if os.stat(f"/proc/{name}/ns/pid").st_ino != namespace:
+                continue
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        nspids = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+        if nspids and int(nspids[-1]) == pid and alive(int(name)):
+            return int(name)
+    return None
 
 
 async def sleeping_in_its_own_image(pid: int) -> None:
@@ -102,9 +136,9 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-async def dead(pid: int) -> None:
-    """Wait until ``pid`` is gone (or a zombie)."""
-    await eventually(lambda: not alive(pid), f"pid {pid} gone", interval=0.02)
+async def dead(namespace: int | None, pid: int) -> None:
+    """Wait until no live process is ``pid`` in PID namespace ``namespace``."""
+    await eventually(lambda: host_pid(namespace, pid) is None, f"pid {pid} gone", interval=0.02)
 
 
 # --- plain behaviour (with or without cgroups) ----------------------------------------------
@@ -148,7 +182,7 @@ async def test_process_provider_timeout_kills_the_process_group(
     assert result.error_type == "timeout"
     assert result.return_code == EXEC_TIMEOUT_RETURN_CODE
     background = int((await provider.exec(sandbox, "cat bg.pid")).stdout or "0")
-    await dead(background)
+    await dead(pid_namespace(sandbox), background)
 
 
 async def test_process_provider_signal_death_is_shell_style(
@@ -173,10 +207,11 @@ async def test_process_provider_cancelled_exec_kills_command(
         interval=0.01,
     )
     pid = int((root / "me.pid").read_text())
+    assert host_pid(pid_namespace(sandbox), pid) is not None
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await dead(pid)
+    await dead(pid_namespace(sandbox), pid)
 
 
 async def test_process_provider_upload_download_round_trip(
@@ -263,11 +298,12 @@ async def test_process_provider_status_and_close(plain_provider: ProcessSandboxP
     assert await plain_provider.status(sandbox) is SandboxStatus.RUNNING
     result = await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 & echo $!")
     background = int(result.stdout or "0")
-    assert alive(background)
+    namespace = pid_namespace(sandbox)
+    assert host_pid(namespace, background) is not None
     root = Path(sandbox.raw.root)
     await plain_provider.close(sandbox)
     await plain_provider.close(sandbox)
-    await dead(background)
+    await dead(namespace, background)
     assert not exists(root)
     assert await plain_provider.status(sandbox) is SandboxStatus.STOPPED
     foreign = SandboxHandle("other", "process", None)
@@ -292,7 +328,9 @@ async def test_process_provider_without_cgroups_says_so(
     assert component.limits.cpu is None
     assert component.limits.memory_mib is None
     started = await plain_provider.exec(sandbox, "sleep 30 >/dev/null 2>&1 & echo $!")
-    await sleeping_in_its_own_image(int((started.stdout or "").strip()))
+    pid = host_pid(pid_namespace(sandbox), int((started.stdout or "").strip()))
+    assert pid is not None
+    await sleeping_in_its_own_image(pid)
     sample = await plain_provider.resource_sample(sandbox)
     assert sample[USAGE + "source"] == "proc"
     assert sample[USAGE + "pids"] == 1
@@ -366,15 +404,16 @@ async def test_process_provider_close_kills_escaped_processes(
         " cat escaped.pid",
     )
     escaped = int(result.stdout or "0")
-    assert alive(escaped)
+    namespace = pid_namespace(sandbox)
+    assert host_pid(namespace, escaped) is not None
     await provider.close(sandbox)
-    await dead(escaped)
+    await dead(namespace, escaped)
     for mount in set(cgroup_mounts().values()):
         assert not (mount / allocation.designator.id.lstrip("/")).exists()
 
 
 # Two CPU-bound processes left running in the sandbox's background, their PIDs in burners.pid.
-BURN = f"{PYTHON} -c 'while True: pass' >/dev/null 2>&1 & echo $! >> burners.pid; "
+BURN = "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $! >> burners.pid; "
 BURNERS = BURN + BURN
 
 
@@ -411,7 +450,8 @@ async def test_process_provider_memory_limit_oom_kills(provider: ProcessSandboxP
     """A command exceeding the memory limit is killed by the kernel and the result says so."""
     require_cgroups(provider)
     sandbox = await provider.create(SandboxSpec(resources=SandboxResources(memory_mib=48)))
-    hog = f"{PYTHON} -c \"b = b'x' * (200 * 1024 * 1024); print('survived')\""
+    # dd's 200 MiB block is one buffer, filled from /dev/zero: far past the 48 MiB limit.
+    hog = "dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null && echo survived"
     result = await provider.exec(sandbox, hog, timeout_s=20)
     assert result.return_code == 137
     assert result.error_type == "oom_kill"

@@ -42,6 +42,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     traced_provider,
 )
 from span_support import (
+    ISOLATION,
     NOTHING_REQUESTED,
     PROVIDER,
     REQUEST_ID,
@@ -230,7 +231,8 @@ def identity(span: ReadableSpan) -> dict[str, Any]:
     """The identity keys of ``span`` (a create or connect span): what every later span of
     that sandbox carries, and nothing else."""
     attributes = attrs(span)
-    return {key: attributes.get(key) for key in (REQUEST_ID, PROVIDER, SANDBOX_ID)}
+    keys = (REQUEST_ID, PROVIDER, SANDBOX_ID, ISOLATION)
+    return {key: attributes[key] for key in keys if key in attributes}
 
 
 # --- capabilities ------------------------------------------------------------------------------
@@ -393,6 +395,7 @@ async def test_traced_provider_connect_handle_is_known_as_created(
         REQUEST_ID: UUID4_HEX,
         PROVIDER: connecting.name,
         SANDBOX_ID: descriptor["sandbox_id"],
+        ISOLATION: "bwrap",
     }
     assert attrs(connect) == known
     (exec_span,) = spans(span_exporter, "sandbox.exec")
@@ -470,6 +473,7 @@ async def test_instrumented_nemo_gym_provider_keeps_its_capabilities(
         REQUEST_ID: UUID4_HEX,
         PROVIDER: "process",
         SANDBOX_ID: handle.sandbox_id,
+        ISOLATION: "bwrap",
     }
     assert attrs(span) == identity(created)
 

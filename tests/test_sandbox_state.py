@@ -161,7 +161,9 @@ async def test_traced_provider_uses_the_instrumentors_tracer_provider(
         "sandbox.close",
     ]
     calls = [s for s in exporter.get_finished_spans() if s.name != "sandbox.resources"]
-    known = identity(attributes_of(calls[0])[REQUEST_ID], "process", handle.sandbox_id)
+    known = identity(
+        attributes_of(calls[0])[REQUEST_ID], "process", handle.sandbox_id, isolation="bwrap"
+    )
     assert [attributes_of(s) for s in calls] == [
         {**known, REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED},
         {**known, PREFIX + "exec.return_code": 0},

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,12 +130,12 @@ async def test_traced_provider_create_records_request_and_identity(
     (create,) = named(exporter, "sandbox.create")
     request_id = attrs(create)[REQUEST_ID]
     assert attrs(create) == {
-        **identity(UUID4_HEX, "process", sandbox.sandbox_id),
+        **identity(UUID4_HEX, "process", sandbox.sandbox_id, isolation="bwrap"),
         PREFIX + "requested.cpu": 0.5,
         UNSPECIFIED: ("memory_mib", "disk_gib", "gpu", "gpu_type"),
     }
     (close,) = named(exporter, "sandbox.close")
-    assert attrs(close) == identity(request_id, "process", sandbox.sandbox_id)
+    assert attrs(close) == identity(request_id, "process", sandbox.sandbox_id, isolation="bwrap")
 
 
 async def test_traced_provider_failed_create_keeps_identity(
@@ -174,7 +173,7 @@ async def test_traced_provider_exec_records_return_code_never_command(
     await provider.exec(sandbox, f"sleep 5 # {SECRET}", timeout_s=0.1)
     await provider.close(sandbox)
     first, second = named(exporter, "sandbox.exec")
-    known = identity(attrs(first)[REQUEST_ID], "process", sandbox.sandbox_id)
+    known = identity(attrs(first)[REQUEST_ID], "process", sandbox.sandbox_id, isolation="bwrap")
     assert attrs(first) == {**known, REQUEST_ID: UUID4_HEX, PREFIX + "exec.return_code": 3}
     assert attrs(second) == {
         **known,
@@ -205,7 +204,9 @@ async def test_traced_provider_file_and_close_spans(
         "sandbox.download",
         "sandbox.close",
     ]
-    known = identity(attrs(lifecycle[0])[REQUEST_ID], "process", sandbox.sandbox_id)
+    known = identity(
+        attrs(lifecycle[0])[REQUEST_ID], "process", sandbox.sandbox_id, isolation="bwrap"
+    )
     assert attrs(lifecycle[0]) == {
         **known,
         REQUEST_ID: UUID4_HEX,
@@ -231,7 +232,10 @@ async def test_traced_provider_records_allocation_samples_and_final(
     records = named(exporter, "sandbox.resources")
     assert len(records) >= 3
     known = identity(
-        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID],
+        "process",
+        sandbox.sandbox_id,
+        isolation="bwrap",
     )
     mismatch = PREFIX + "allocation.mismatch."
     assert attrs(records[0]) == {
@@ -303,8 +307,8 @@ async def test_traced_provider_cancellation_propagates(
     """Cancelling a traced exec raises CancelledError in the caller; its span says so."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    started = tmp_path / "started"
-    task = asyncio.ensure_future(provider.exec(sandbox, f"touch {started}; sleep 30"))
+    started = Path(sandbox.raw.workdir) / "started"
+    task = asyncio.ensure_future(provider.exec(sandbox, "touch started; sleep 30"))
     await eventually(started.exists, "the command running")  # a process outside the test
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -313,7 +317,7 @@ async def test_traced_provider_cancellation_propagates(
     (exec_span,) = named(exporter, "sandbox.exec")
     request_id = attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
     assert attrs(exec_span) == {
-        **identity(request_id, "process", sandbox.sandbox_id),
+        **identity(request_id, "process", sandbox.sandbox_id, isolation="bwrap"),
         "error.type": "CancelledError",
     }
 
@@ -341,7 +345,10 @@ async def test_sandbox_span_processor_stamps_inside_scope_only(
         pass
     await provider.close(sandbox)
     known = identity(
-        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID],
+        "process",
+        sandbox.sandbox_id,
+        isolation="bwrap",
     )
     assert attrs(named(exporter, "tool.call")[0]) == known
     assert attrs(named(exporter, "explicit")[0]) == {**known, SANDBOX_ID: "mine"}
@@ -397,8 +404,8 @@ async def test_set_auto_trace_traces_bundled_classes_and_restores(
         "sandbox.create",
         "sandbox.close",
     ]
-    first = identity(attrs(calls[0])[REQUEST_ID], "process", sandbox.sandbox_id)
-    second = identity(attrs(calls[3])[REQUEST_ID], "process", other.sandbox_id)
+    first = identity(attrs(calls[0])[REQUEST_ID], "process", sandbox.sandbox_id, isolation="bwrap")
+    second = identity(attrs(calls[3])[REQUEST_ID], "process", other.sandbox_id, isolation="bwrap")
     created = {REQUEST_ID: UUID4_HEX, UNSPECIFIED: NOTHING_REQUESTED}
     assert [attrs(s) for s in calls] == [
         {**first, **created},
@@ -426,7 +433,7 @@ async def test_traced_provider_aclose_stops_unclosed_samplers(
     await provider.aclose()
     assert key not in default_state().registry
     (create,) = named(exporter, "sandbox.create")
-    known = identity(attrs(create)[REQUEST_ID], "process", sandbox.sandbox_id)
+    known = identity(attrs(create)[REQUEST_ID], "process", sandbox.sandbox_id, isolation="bwrap")
     finals = [r for r in named(exporter, "sandbox.resources") if attrs(r)[FINAL]]
     assert [attrs(r) for r in finals] == [
         {**record(known, "sample", final=True), **sample_outcome(attrs(finals[0]), PROC_USAGE)}
@@ -438,7 +445,7 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
 ) -> None:
     """Under 0.1 CPU and 48 MiB, periodic samples show throttling while CPU-bound commands
     run, and after a memory hog is OOM-killed the final record shows the kill and the peak."""
-    inner = ProcessSandboxProvider()
+    inner = ProcessSandboxProvider(pids_limit=None)  # cpu and memory only: no pids.max
     require_service(inner.cgroup_version is not None, "no writable cgroup hierarchy")
     provider = traced_provider(inner)
     throttled_key = PREFIX + "usage.cpu.throttled_s"
@@ -454,13 +461,13 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
         # A tenth of a core: two burners outrun that quota even on a machine whose other work
         # leaves them a small share of a core, so the kernel throttles them.
         sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.1, "memory_mib": 48}))
-        burn = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $! >> burners.pid; "
+        burn = "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $! >> burners.pid; "
         await provider.exec(sandbox, burn + burn)
         # Wait on the condition, bounded generously: on a loaded machine the burners may stay
         # under their quota for a long while before the kernel throttles them.
         await eventually(throttled_samples, "a throttled sample", timeout=150, interval=0.1)
         await provider.exec(sandbox, "kill -9 $(cat burners.pid)")
-        hog = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
+        hog = "exec dd if=/dev/zero of=/dev/null bs=200M count=1"  # one 200 MiB buffer
         result = await provider.exec(sandbox, hog, timeout_s=60)
         assert result.error_type == "oom_kill"
         await provider.close(sandbox)
@@ -469,7 +476,10 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
     assert throttled_samples()
     records = named(exporter, "sandbox.resources")
     known = identity(
-        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID], "process", sandbox.sandbox_id
+        attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID],
+        "process",
+        sandbox.sandbox_id,
+        isolation="bwrap",
     )
     limits = PREFIX + "allocation.component.sandbox.limits."
     (allocation,) = [attrs(r) for r in records if attrs(r)[KIND] == "allocation"]
@@ -545,7 +555,7 @@ async def test_enable_disable_cycle_reuses_one_processor(
     assert sum(isinstance(p, SandboxSpanProcessor) for p in processors) == 1
     request_id = attrs(named(exporter, "sandbox.create")[0])[REQUEST_ID]
     assert attrs(named(exporter, "inside")[0]) == identity(
-        request_id, "process", sandbox.sandbox_id
+        request_id, "process", sandbox.sandbox_id, isolation="bwrap"
     )
     assert attrs(named(exporter, "off")[0]) == {}
     assert [s.name for s in named(exporter, "sandbox.create")] == ["sandbox.create"]

@@ -251,8 +251,10 @@ async def pool_round(backends: Backends) -> dict[str, Any]:
 async def sandbox_round() -> dict[str, Any]:
     """One OOM-killed command in a 64 MiB cgroup, and one sandbox whose request nothing
     enforces. Both providers are traced by the instrumentor."""
-    enforced = ProcessSandboxProvider()
-    unenforced = ProcessSandboxProvider(cgroups=False)
+    # The hungry command runs this interpreter: the isolated sandbox sees it, read-only.
+    interpreter = sorted({sys.prefix, sys.base_prefix})
+    enforced = ProcessSandboxProvider(read_only_paths=interpreter)
+    unenforced = ProcessSandboxProvider(cgroups=False, read_only_paths=interpreter)
     done: dict[str, Any] = {"cgroups": enforced.cgroup_version}
     try:
         sandbox = await enforced.create(SandboxSpec(resources={"cpu": 1.0, "memory_mib": 64}))

@@ -271,9 +271,33 @@ async def _traced_handle_source(
         with _span(state, span_name, attributes) as span:
             handle = await call()
             span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
+            span.set_attributes(lifetime_attributes(provider, handle))
             return handle
     finally:
         _TRACING.reset(token)
+
+
+def lifetime_attributes(provider: object, handle: Any) -> dict[str, Attribute]:
+    """What the provider says about the sandbox for its whole life (its
+    ``sandbox_attributes(handle)``, e.g. the process provider's isolation level), to be part of
+    the sandbox's identity: only keys under ``nemo.gym.sandbox.`` and attribute values, never
+    the identity keys themselves. ``{}`` for providers without it; never raises."""
+    describe = getattr(provider, "sandbox_attributes", None)
+    if describe is None:
+        return {}
+    try:
+        found = describe(handle)
+        return {
+            key: value
+            for key, value in dict(found).items()
+            if isinstance(key, str)
+            and key.startswith(PREFIX)
+            and key not in (REQUEST_ID, PROVIDER, SANDBOX_ID)
+            and isinstance(value, str | bool | int | float)
+        }
+    except Exception as exc:  # noqa: BLE001 - telemetry must not fail a created sandbox
+        log_failure("reading a sandbox's attributes", exc, provider_name(provider))
+        return {}
 
 
 def _measure(state: SandboxState, report: Callable[[SandboxLifecycleMetrics], None]) -> None:
@@ -357,6 +381,7 @@ def _start_resource_records(
             REQUEST_ID: attributes[REQUEST_ID],
             PROVIDER: attributes[PROVIDER],
             SANDBOX_ID: str(handle.sandbox_id),
+            **lifetime_attributes(provider, handle),
         }
         entry = state.registry.remember(sandbox_key(handle), identity, id(provider), requested)
         # Nobody would see the records: skip the provider calls that produce them.

@@ -42,9 +42,21 @@ _RMDIR_PAUSE_S = 0.01
 # cgroup.procs files and only then execs the command, so the command and everything it ever
 # starts are born inside the cgroups. Writing the pid from the parent after spawning leaves a
 # window in which the child can fork (or allocate) outside them; this has none, and needs no
-# preexec_fn (unsafe with threads). If joining fails the command does not run: exit 125.
-# Arguments: $1 the command, then the cgroup.procs paths.
-JOIN_SCRIPT = 'c=$1; shift; for f do echo $$ >"$f" || exit 125; done; exec /bin/sh -c "$c"'
+# preexec_fn (unsafe with threads). The command may be bwrap, whose sandboxed child is then
+# born inside too. If joining fails the command does not run: exit 125.
+# Arguments: $1 the number of cgroup.procs paths, those paths, then the command's argv.
+JOIN_SCRIPT = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n-1)); done; '
+    'exec "$@"'
+)
+
+
+def joining(cgroup: Cgroup | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run so that it starts inside ``cgroup`` (as it is, without one)."""
+    if cgroup is None:
+        return list(argv)
+    procs = [str(d / "cgroup.procs") for d in cgroup.unique_dirs()]
+    return ["/bin/sh", "-c", JOIN_SCRIPT, "nemo-gym-sandbox", str(len(procs)), *procs, *argv]
 
 
 def _read_int(path: Path | str | None) -> int | None:
@@ -154,9 +166,15 @@ def _enable_v2_controllers(directory: Path, wanted: Sequence[str]) -> None:
 
 
 def make_cgroup(
-    layout: Layout, parent: str, name: str, cpu: float | None, memory_mib: int | None
+    layout: Layout,
+    parent: str,
+    name: str,
+    cpu: float | None,
+    memory_mib: int | None,
+    pids: int | None = None,
 ) -> Cgroup:
-    """Create and configure a sandbox cgroup; raises ``OSError`` after removing what it made."""
+    """Create and configure a sandbox cgroup; raises ``OSError`` after removing what it made.
+    ``pids`` caps its processes and threads where the pids controller is there."""
     path = f"/{parent}/{name}"
     if layout.version == 1:
         dirs = {c: m / parent / name for c, m in layout.mounts.items()}
@@ -196,6 +214,8 @@ def make_cgroup(
                 swap = cgroup.file("memory", "memory.swap.max")
                 if swap.exists():
                     write_text(swap, "0")
+        if pids is not None and cgroup.has("pids"):
+            write_text(cgroup.file("pids", "pids.max"), str(pids))
     except OSError:
         for directory in reversed(created):
             with contextlib.suppress(OSError):
@@ -235,6 +255,11 @@ def cgroup_limits(cgroup: Cgroup) -> SandboxResourceAmounts:
         if limit_text.isdigit():
             memory_mib = int(limit_text) // MIB
     return SandboxResourceAmounts(cpu=cpu, memory_mib=memory_mib)
+
+
+def pids_limit(cgroup: Cgroup) -> int | None:
+    """The most processes the kernel lets ``cgroup`` hold, read back; ``None`` for none."""
+    return _read_int(cgroup.file("pids", "pids.max")) if cgroup.has("pids") else None
 
 
 def oom_kills(cgroup: Cgroup | None) -> int | None:

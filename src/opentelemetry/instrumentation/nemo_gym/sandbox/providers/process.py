@@ -1,13 +1,21 @@
-"""A local sandbox provider: a private directory, ``sh -c`` commands, a cgroup where possible.
+"""A local sandbox provider: a private directory, isolated by bubblewrap, a cgroup where possible.
 
 ``ProcessSandboxProvider`` needs no daemon. Each sandbox is a fresh temporary directory in
 which commands run with ``sh -c`` semantics, in their own session (so a timeout can kill the
-whole process group), with a minimal environment rather than the caller's. Where the machine
-lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the ``cpu`` and
-``memory`` controllers, writable), each sandbox gets one, at ``/<cgroup_parent>/<sandbox id>``
-in each hierarchy, enforcing the requested cpu (CFS quota) and memory (a hard limit, swap
-included, so the kernel OOM-kills inside the sandbox instead of swapping). Elsewhere the
-sandbox still works; its allocation then says ``source = "process"`` with no limits.
+whole process group), with a minimal environment rather than the caller's. By default every
+command runs isolated by bubblewrap (``_bwrap``: new user, PID, mount, IPC and UTS namespaces,
+no network unless the provider has ``network=True``, the system directories read-only, the
+sandbox directory the only writable place); without ``bwrap`` on PATH, ``create`` refuses,
+unless the provider was made with ``isolation="none"``, which runs commands as plain processes
+of this user and says so (a warning per sandbox, ``nemo.gym.sandbox.isolation`` on its spans
+and records).
+
+Where the machine lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the
+``cpu`` and ``memory`` controllers, writable), each sandbox gets one, at
+``/<cgroup_parent>/<sandbox id>`` in each hierarchy, enforcing the requested cpu (CFS quota),
+memory (a hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of
+swapping) and the provider's ``pids_limit``. Elsewhere the sandbox still works; its allocation
+then says ``source = "process"`` with no limits.
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
@@ -23,32 +31,29 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import _resources_of
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import (
-    ProcScan,
-    proc_table,
-)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
     Sandbox,
     check_env,
-    drain,
+    check_options,
+    check_spec,
     inside,
-    kill,
-    kill_group,
+    kill_all,
     make_directory,
-    reap_in_background,
-    relative_path,
+    make_temporary,
+    run_command,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
     MIB,
+    ContainerResourceAmounts,
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
@@ -65,30 +70,37 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     ResourceDesignator,
 )
 
-__all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ProcessSandboxProvider"]
+__all__ = ["EXEC_TIMEOUT_RETURN_CODE", "ISOLATION", "ProcessSandboxProvider"]
 
 logger = logging.getLogger(__name__)
 
-_MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
-_OUTPUT_GRACE_S = 0.2
-_KILL_ROUNDS = 200
-_KILL_PAUSE_S = 0.01
 _COMPONENT = "sandbox"
+# The isolation level of a sandbox, on every span and record of it: "bwrap" or "none".
+ISOLATION = PREFIX + "isolation"
 
 
 class ProcessSandboxProvider:
     """Local sandboxes: a temporary directory each, commands run with ``sh -c``, no daemon.
 
-    ``cgroups=False`` never uses cgroups; otherwise they are used where writable.
-    ``cgroup_parent`` names the directory under each hierarchy's root that holds the
-    sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
+    ``isolation`` is ``"bwrap"`` (the default: each sandbox's commands run isolated by
+    bubblewrap, and ``create`` raises ``SandboxCreateError`` when ``bwrap`` is not on PATH) or
+    ``"none"`` (commands run as plain processes of this user, on this machine's filesystem,
+    network and process table: for trusted code only; each sandbox logs a warning).
+    ``network=True`` gives isolated commands the host's network (``SandboxSpec`` has no network
+    field; in a NeMo Gym config, ``{"otel_process": {"network": true}}``); without it they have
+    a loopback of their own and nothing else. ``read_only_paths`` are absolute host paths
+    isolated commands also see, read-only, at the same place (an interpreter or a virtualenv
+    outside ``/usr``). ``cgroups=False`` never uses cgroups; otherwise they are used where
+    writable. ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None``
+    for no cap). ``cgroup_parent`` names the directory under each hierarchy's root that holds
+    the sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
 
     Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
     and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
-    ``SandboxCreateError``. Commands run as this process's user. Options arrive as keyword
-    arguments, from code or from a NeMo Gym config (``{"otel_process": {...}}``); a bad value
-    raises ``ValueError`` naming the option and the value.
+    ``SandboxCreateError``. Options arrive as keyword arguments, from code or from a NeMo Gym
+    config (``{"otel_process": {...}}``); a bad value raises ``ValueError`` naming the option
+    and the value.
     """
 
     name = "process"
@@ -96,24 +108,29 @@ class ProcessSandboxProvider:
     def __init__(
         self,
         *,
+        isolation: str = "bwrap",
+        network: bool = False,
+        read_only_paths: Sequence[str] = (),
         cgroups: bool = True,
+        pids_limit: int | None = 1024,
         cgroup_parent: str = "nemo_gym",
         base_dir: str | os.PathLike[str] | None = None,
         max_output_bytes: int = 8 * MIB,
     ) -> None:
         # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
-        if not isinstance(cgroups, bool):
-            raise ValueError(f"cgroups={cgroups!r} must be true or false")  # noqa: TRY004
-        if not isinstance(cgroup_parent, str):
-            raise ValueError(f"cgroup_parent={cgroup_parent!r} must be a string")  # noqa: TRY004
-        if base_dir is not None and not isinstance(base_dir, str | os.PathLike):
-            raise ValueError(f"base_dir={base_dir!r} must be a path or None")
-        if not cgroup_parent or "/" in cgroup_parent or cgroup_parent in (".", ".."):
-            raise ValueError(f"cgroup_parent={cgroup_parent!r} must be one directory name")
-        if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int):
-            raise ValueError(f"max_output_bytes={max_output_bytes!r} must be an integer")  # noqa: TRY004
-        if max_output_bytes < 0:
-            raise ValueError(f"max_output_bytes={max_output_bytes!r} must not be negative")
+        self._read_only_paths = check_options(
+            isolation=isolation,
+            network=network,
+            read_only_paths=read_only_paths,
+            cgroups=cgroups,
+            pids_limit=pids_limit,
+            cgroup_parent=cgroup_parent,
+            base_dir=base_dir,
+            max_output_bytes=max_output_bytes,
+        )
+        self._isolation = isolation
+        self._network = network
+        self._pids_limit = pids_limit
         self._layout = _cgroups.discover_layout() if cgroups else None
         self._cgroup_parent = cgroup_parent
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
@@ -125,6 +142,11 @@ class ProcessSandboxProvider:
         self._boot_id = boot_id or None
         hostname = socket.gethostname()
         self._host = ResourceDesignator("host", hostname) if hostname else None
+
+    @property
+    def isolation(self) -> str:
+        """How this provider isolates its sandboxes' commands: ``"bwrap"`` or ``"none"``."""
+        return self._isolation
 
     @property
     def cgroup_version(self) -> int | None:
@@ -139,35 +161,9 @@ class ProcessSandboxProvider:
         ``spec`` may also be nemo_gym's ``SandboxSpec`` or a plain mapping of its fields.
         """
         spec = _spec_from(spec)
-        resources = _resources_of(spec)
-        if resources.gpu or resources.gpu_type is not None:
-            raise SandboxCreateError(
-                f"process provider has no GPUs: gpu={resources.gpu!r}, "
-                f"gpu_type={resources.gpu_type!r}"
-            )
-        if resources.cpu is not None and resources.cpu < _MIN_CPU:
-            raise ValueError(f"resources.cpu={resources.cpu!r} must be at least {_MIN_CPU} cores")
-        if resources.memory_mib is not None and resources.memory_mib < 1:
-            raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
-        options = getattr(spec, "provider_options", None) or {}
-        if options:
-            # Keys only: option values may hold credentials.
-            keys = ", ".join(sorted(repr(k) for k in options))
-            raise ValueError(
-                f"provider_options keys {keys}: the process provider takes none (allowed: none)"
-            )
-        workdir = getattr(spec, "workdir", None)
-        relative_workdir = None if workdir is None else relative_path("workdir", workdir)
-        env = check_env("env", getattr(spec, "env", None))
-        files = getattr(spec, "files", None) or {}
-        if not isinstance(files, dict):
-            raise ValueError(f"files={files!r} must map relative paths to text")  # noqa: TRY004
-        for target, content in files.items():
-            relative_path("files key", target)
-            if not isinstance(content, str):
-                kind = type(content).__name__
-                raise ValueError(f"files[{target!r}] must be text, not {kind}")  # noqa: TRY004
-
+        resources, relative_workdir, env, files = check_spec(spec)
+        # Before anything is made: without bwrap there is nothing to undo.
+        bwrap = _bwrap.find_bwrap() if self._isolation == "bwrap" else None
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
         try:
             root, work = await asyncio.to_thread(
@@ -185,6 +181,7 @@ class ProcessSandboxProvider:
                     sandbox_id,
                     resources.cpu,
                     resources.memory_mib,
+                    self._pids_limit,
                 )
             except OSError as exc:
                 # Still a working sandbox; its allocation says it has no cgroup or limits.
@@ -192,13 +189,37 @@ class ProcessSandboxProvider:
                     "sandbox %s runs without a cgroup (limits not enforced): %s", sandbox_id, exc
                 )
         base_env = {
-            "PATH": os.environ.get("PATH", os.defpath),
+            "PATH": _bwrap.SANDBOX_PATH if bwrap else os.environ.get("PATH", os.defpath),
             "HOME": str(work),
             "LANG": "C.UTF-8",
         }
-        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup)
+        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation)
+        if bwrap is None:
+            logger.warning(
+                "sandbox %s is not isolated (isolation='none'): its commands run as this "
+                "process's user, with its filesystem, network and processes in reach",
+                sandbox_id,
+            )
+        else:
+            try:
+                state.tmp = await asyncio.to_thread(
+                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-"
+                )
+                state.jail = await _bwrap.start_jail(bwrap, self._network)
+            except (Exception, asyncio.CancelledError) as exc:
+                await self._discard(state)
+                if isinstance(exc, OSError):
+                    raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
+                raise
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    def sandbox_attributes(self, handle: SandboxHandle) -> dict[str, Attribute]:
+        """Attributes of the sandbox for its whole life, which tracing adds to its identity
+        (every span and record of it): ``nemo.gym.sandbox.isolation``. Never blocks."""
+        raw = getattr(handle, "raw", None)
+        isolation = raw.isolation if isinstance(raw, Sandbox) else self._isolation
+        return {ISOLATION: isolation}
 
     def _open(self, handle: SandboxHandle) -> Sandbox:
         state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
@@ -227,6 +248,7 @@ class ProcessSandboxProvider:
         128 + the signal number; when the kernel OOM-killed it, ``error_type="oom_kill"``.
         Background processes it leaves keep running until the sandbox closes. Cancelling the
         call kills the command's process group. ``user`` is not supported (``ValueError``).
+        Isolated, the command runs inside bubblewrap, joined to the sandbox's namespaces.
         """
         state = self._open(handle)
         if not isinstance(command, str) or "\0" in command:
@@ -236,57 +258,21 @@ class ProcessSandboxProvider:
         timeout = _positive_seconds("timeout_s", timeout_s)
         directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
         command_env = {**state.env, **check_env("env", env)}
-        if state.cgroup is None:
-            argv = ["/bin/sh", "-c", command]
+        if state.jail is None:
+            argv, cwd_on_host = ["/bin/sh", "-c", command], directory
         else:
-            procs = [str(d / "cgroup.procs") for d in state.cgroup.unique_dirs()]
-            argv = ["/bin/sh", "-c", _cgroups.JOIN_SCRIPT, "nemo-gym-sandbox", command, *procs]
-        oom_before = _cgroups.oom_kills(state.cgroup)
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=directory,
+            assert state.tmp is not None  # made with the jail
+            mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
+            argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
+            cwd_on_host = state.root
+        return await run_command(
+            state,
+            argv,
+            cwd=cwd_on_host,
             env=command_env,
-            start_new_session=True,
+            timeout=timeout,
+            max_output=self._max_output,
         )
-        state.sessions.add(process.pid)
-        out, err = bytearray(), bytearray()
-        readers = [
-            asyncio.ensure_future(drain(process.stdout, out, self._max_output)),
-            asyncio.ensure_future(drain(process.stderr, err, self._max_output)),
-        ]
-        timed_out = False
-        try:
-            await asyncio.wait_for(process.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-            kill_group(process.pid)
-            await process.wait()
-        except asyncio.CancelledError:
-            kill_group(process.pid)
-            reap_in_background(process)
-            for reader in readers:
-                reader.cancel()
-            raise
-        # Background processes may hold the pipes open after the command ended: take what
-        # arrived within a short grace and leave the rest.
-        _, pending = await asyncio.wait(readers, timeout=_OUTPUT_GRACE_S)
-        for reader in pending:
-            reader.cancel()
-        stdout = out.decode("utf-8", errors="replace")
-        stderr = err.decode("utf-8", errors="replace")
-        if timed_out:
-            return SandboxExecResult(stdout, stderr, EXEC_TIMEOUT_RETURN_CODE, "timeout")
-        code = process.returncode if process.returncode is not None else EXEC_TIMEOUT_RETURN_CODE
-        if code < 0:
-            code = 128 - code
-        error_type = None
-        oom_after = _cgroups.oom_kills(state.cgroup)
-        if code == 128 + signal.SIGKILL and oom_after is not None and oom_after > (oom_before or 0):
-            error_type = "oom_kill"
-        return SandboxExecResult(stdout, stderr, code, error_type)
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
@@ -309,7 +295,7 @@ class ProcessSandboxProvider:
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
-        ``ERROR`` if the sandbox's directory has vanished."""
+        ``ERROR`` if the sandbox's directory has vanished or its bubblewrap holder has ended."""
         state = self._sandboxes.get(getattr(handle, "sandbox_id", ""))
         if state is None:
             raw = getattr(handle, "raw", None)
@@ -318,6 +304,8 @@ class ProcessSandboxProvider:
                 if isinstance(raw, Sandbox) and raw.closed
                 else (SandboxStatus.UNKNOWN)
             )
+        if state.jail is not None and state.jail.holder.returncode is not None:
+            return SandboxStatus.ERROR  # its namespaces are gone: no command can run
         return SandboxStatus.RUNNING if state.root.is_dir() else SandboxStatus.ERROR
 
     async def close(self, handle: SandboxHandle) -> None:
@@ -330,10 +318,18 @@ class ProcessSandboxProvider:
         if state is None:
             return
         state.closed = True
-        await self._kill_all(state)
+        await self._discard(state)
+
+    async def _discard(self, state: Sandbox) -> None:
+        """End every process of the sandbox, then remove its cgroup and directories."""
+        if state.jail is not None:
+            await _bwrap.stop_jail(state.jail)
+        await kill_all(state)
         if state.cgroup is not None:
             await _cgroups.remove_cgroup(state.cgroup)
-        await asyncio.to_thread(shutil.rmtree, state.root, True)
+        for directory in (state.root, state.tmp):
+            if directory is not None:
+                await asyncio.to_thread(shutil.rmtree, directory, True)
 
     async def aclose(self) -> None:
         """Close every sandbox still open and drop the (empty) cgroup parents."""
@@ -343,26 +339,6 @@ class ProcessSandboxProvider:
             for mount in set(self._layout.mounts.values()):
                 with contextlib.suppress(OSError):
                     (mount / self._cgroup_parent).rmdir()
-
-    async def _kill_all(self, state: Sandbox) -> None:
-        for session in state.sessions:
-            kill_group(session)
-        cgroup = state.cgroup
-        if cgroup is not None and cgroup.version == 2 and cgroup.file("", "cgroup.kill").exists():
-            with contextlib.suppress(OSError):
-                _cgroups.write_text(cgroup.file("", "cgroup.kill"), "1")
-        # Processes can fork while being killed: repeat until none is left (bounded).
-        for _ in range(_KILL_ROUNDS):
-            if cgroup is not None:
-                pids = _cgroups.cgroup_pids(cgroup)
-            else:
-                pids = {p[0] for p in proc_table() if p[1] in state.sessions}
-            if not pids:
-                return
-            for pid in pids:
-                kill(pid)
-            await asyncio.sleep(_KILL_PAUSE_S)
-        logger.warning("sandbox %s: processes survived SIGKILL at close", state.sandbox_id)
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
@@ -380,11 +356,13 @@ class ProcessSandboxProvider:
                 designator=ResourceDesignator("process", str(os.getpid()), self._boot_id),
                 host=self._host,
             )
+        limits = _cgroups.cgroup_limits(state.cgroup)
+        pids = _cgroups.pids_limit(state.cgroup)
+        if pids is not None:
+            limits = ContainerResourceAmounts(limits.cpu, limits.memory_mib, pids=pids)
         return ResourceAllocation(
             source=f"cgroup.v{state.cgroup.version}",
-            components=(
-                ComponentAllocation(_COMPONENT, limits=_cgroups.cgroup_limits(state.cgroup)),
-            ),
+            components=(ComponentAllocation(_COMPONENT, limits=limits),),
             designator=ResourceDesignator("cgroup", state.cgroup.path, self._boot_id),
             host=self._host,
         )
