@@ -30,7 +30,7 @@ import wrapt
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
-__all__ = ["Patch", "Wrapped", "Wrapper", "methods_of", "unwrap", "wrap"]
+__all__ = ["Patch", "Wrapped", "Wrapper", "is_live_wrapper", "methods_of", "unwrap", "wrap"]
 
 LOGGER = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class Wrapped:
                 return wrapped(*args, **kwargs)
             return wrapper(wrapped, instance, args, kwargs)
 
+        call.__wrapped__ = wrapper  # type: ignore[attr-defined]  # what is_live_wrapper reads
+        call.record = self  # type: ignore[attr-defined]
         return call
 
 
@@ -78,6 +80,18 @@ def wrap(owner: Any, name: str, wrapper: Wrapper) -> Wrapped:
     record = Wrapped(owner, name, vars(owner).get(name, _ABSENT))
     record.ours = wrapt.wrap_function_wrapper(owner, name, record.gated(wrapper))
     return record
+
+
+def is_live_wrapper(node: Any, wrapper: Wrapper) -> bool:
+    """Whether ``node`` (an attribute's value, or a link of its wrapper chain) is a live
+    wrapper of ours made by ``wrap`` with ``wrapper``."""
+    gated = getattr(node, "_self_wrapper", None) if isinstance(node, _PROXY) else None
+    record = getattr(gated, "record", None)
+    return (
+        isinstance(record, Wrapped)
+        and record.live
+        and getattr(gated, "__wrapped__", None) is wrapper
+    )
 
 
 def unwrap(record: Wrapped) -> bool:
