@@ -94,17 +94,29 @@ def is_live_wrapper(node: Any, wrapper: Wrapper) -> bool:
     )
 
 
+def _past_removed(value: Any) -> Any:
+    """``value``, or where it is a wrapper of ours already taken off (another installation's,
+    which stood below this one when it was made), what that wrapper wraps: restoring it would
+    put a dead wrapper back."""
+    for _ in range(16):  # bounded: wrapper chains are short
+        record = getattr(getattr(value, "_self_wrapper", None), "record", None)
+        if not isinstance(value, _PROXY) or not isinstance(record, Wrapped) or record.live:
+            return value
+        value = value.__wrapped__
+    return value
+
+
 def unwrap(record: Wrapped) -> bool:
     """Take ``record``'s wrapper off exactly; ``False`` when it could not be reached."""
     record.live = False
     owner, name, ours = record.owner, record.name, record.ours
-    restored = ours.__wrapped__ if record.previous is _ABSENT else record.previous
+    restored = _past_removed(ours.__wrapped__ if record.previous is _ABSENT else record.previous)
     node = vars(owner).get(name, _ABSENT)
     if node is ours:
         if record.previous is _ABSENT:
             delattr(owner, name)
         else:
-            setattr(owner, name, record.previous)
+            setattr(owner, name, restored)
         return True
     seen = 0
     while isinstance(node, _PROXY) and seen < 16:  # bounded: wrapper chains are short
