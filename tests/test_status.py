@@ -223,15 +223,15 @@ def test_status_line_new_switches_off_by_argument_and_variable(
     assert by_argument.endswith(
         "; rollout_span=off (rollout_span=False was passed to instrument(); ServerClient.request "
         "is not wrapped); ray_propagation=off (ray_propagation='off' was passed to "
-        "instrument(); Ray task arguments are left as they are)"
+        "instrument(); nothing added to the Ray tasks this process starts)"
     )
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN", "false")
     monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION", "0")
     by_variable = _status.status_line({}, **CAPABILITY_CHECKS)
     assert by_variable.endswith(
         "; rollout_span=off (OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN='false'; ServerClient.request "
-        "is not wrapped); ray_propagation=off (OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION='0'; Ray "
-        "task arguments are left as they are)"
+        "is not wrapped); ray_propagation=off (OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION='0'; "
+        "nothing added to the Ray tasks this process starts)"
     )
 
 

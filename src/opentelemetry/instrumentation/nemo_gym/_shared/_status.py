@@ -56,7 +56,7 @@ def _rollout_status(kwargs: Mapping[str, Any]) -> str:
 def _ray_status(kwargs: Mapping[str, Any]) -> str:
     off = _switched_off(kwargs, "ray_propagation", env.OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION)
     if off is not None:
-        return f"ray_propagation=off ({off}; Ray task arguments are left as they are)"
+        return f"ray_propagation=off ({off}; nothing added to the Ray tasks this process starts)"
     return "ray_propagation=on"
 
 
