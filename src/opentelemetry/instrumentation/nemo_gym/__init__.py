@@ -207,14 +207,20 @@ class _Installed(Protocol):
 
 
 def _install(patches: list[_Installed], make: Callable[[], _Installed], what: str) -> None:
-    """Make a patch, install it and keep it in ``patches``; a failure is logged, never raised."""
+    """Make a patch, keep it in ``patches`` and install it; a failure is logged, never raised.
+
+    Kept before it is installed: an installation that fails halfway is still taken off.
+    """
     try:
         patch = make()
-        patch.install()
     except Exception:
         logger.exception("nemo_gym: %s failed; skipped", what)
         return
     patches.append(patch)
+    try:
+        patch.install()
+    except Exception:
+        logger.exception("nemo_gym: %s failed; skipped", what)
 
 
 _STDERR_HANDLER: logging.Handler | None = None
@@ -339,10 +345,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # whatever the pressure setting: uvicorn may leak one request's context into the next.
         _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
         if pressure:
-            try:
-                patches.append(self._instrument_pressure(kwargs.get("meter_provider")))
-            except Exception:
-                logger.exception("nemo_gym: pressure instrumentation failed; skipped")
+            meter_provider = kwargs.get("meter_provider")
+            _install(
+                patches,
+                lambda: self._instrument_pressure(meter_provider),
+                "pressure instrumentation",
+            )
         if connection_pool:
             try:
                 self._instrument_connection_pool(kwargs.get("meter_provider"), pressure)
@@ -351,14 +359,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
             _install(patches, _server_label_patch, "ServerClient labelling")
         if sandbox_resources:
-            try:
-                patches.append(
-                    self._instrument_sandbox(
-                        kwargs.get("tracer_provider"), kwargs.get("meter_provider")
-                    )
-                )
-            except Exception:
-                logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
+            providers = (kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
+            _install(
+                patches, lambda: self._instrument_sandbox(*providers), "sandbox instrumentation"
+            )
         if rollout_span:
             # NeMo Gym's rollouts (a ServerClient POST /run): one span each, the root of the
             # rollout's trace. A non-recording span without a configured tracer provider.
@@ -392,6 +396,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     @staticmethod
     def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> _Installed:
+        """Configure the pressure metrics; their uvicorn hook, for ``_install`` to put on."""
         _configure_pressure(_loop_lag_interval_s(), __version__)
 
         def exporting_provider() -> metrics.MeterProvider | None:
@@ -399,9 +404,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             provider = meter_provider or metrics.get_meter_provider()
             return provider if metrics_export_status(provider)[0] else None
 
-        patch = _uvicorn_pressure_patch(exporting_provider)
-        patch.install()
-        return patch
+        return _uvicorn_pressure_patch(exporting_provider)
 
     def _instrument_connection_pool(
         self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
@@ -478,6 +481,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
     ) -> _Installed:
+        """Enable this instrumentor's sandbox state; NeMo Gym's ``create_provider`` hook with
+        it, for ``_install`` to put on."""
         # None keeps the global provider, looked up at each use (it may be set later); the
         # fleet counters are made once per meter provider (SandboxFleetMetrics.of).
         state = _enable_sandbox_tracing(
@@ -488,9 +493,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         )
         self._sandbox_state = state
         # Every provider NeMo Gym builds, whatever its origin, traced with this state.
-        patch = _nemo_gym_provider_patch(_sandbox_wrapping_for(state))
-        patch.install()
-        return patch
+        return _nemo_gym_provider_patch(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         stop_flush_at_sigterm()
