@@ -173,12 +173,14 @@ def setup_worker() -> None:
         # A caller that sees this hook in the runtime_env sends its trace context along with
         # the task; the instrumentor, run above or at the worker's start, takes it off again.
         # Where none did (nemo_gym disabled here, a failed start), the task must still get
-        # exactly its own arguments.
+        # exactly its own arguments. Callers send it only where Ray's hook variable names
+        # ours (not where a hook of the user's calls this one).
         from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
             take_carrier_off_here,
         )
 
-        if take_carrier_off_here() is not None:
+        sent_here = _runs_setup_worker({"env_vars": os.environ})
+        if sent_here and take_carrier_off_here() is not None:
             logger.debug("nemo_gym: no instrumentor takes the trace context off; setup_worker does")
     except Exception:
         logger.exception("nemo_gym: joining Ray tasks to their caller's trace failed")
