@@ -68,13 +68,13 @@ CARRIER: Final = "__nemo_gym_otel_context__"
 
 # Ray's modules: flatten_args is in ray._common.signature in Ray 2.60, in
 # ray._private.signature in older releases (where both exist, Ray calls one of them).
-_CALLER_MODULES: Final = (
+_RAY_CALLER_MODULES: Final = (
     "ray.remote_function",
     "ray.actor",
     "ray._common.signature",
     "ray._private.signature",
 )
-_WORKER_MODULES: Final = ("ray._private.function_manager",)
+_RAY_WORKER_MODULES: Final = ("ray._private.function_manager",)
 # Actors created here that run setup_worker, by actor id; bounded (a long-lived driver that
 # creates actors without end stops recording: their methods then carry nothing).
 _MAX_ACTORS: Final = 65536
@@ -126,7 +126,7 @@ def _job_runs_our_hook(state: _CallerState) -> bool:
 def _workers_can_take_it_off() -> bool:
     """Whether this Ray has the method the worker side wraps (workers run the same
     Ray release as their caller; Ray refuses a mismatch)."""
-    manager = getattr(sys.modules.get(_WORKER_MODULES[0]), "FunctionActorManager", None)
+    manager = getattr(sys.modules.get(_RAY_WORKER_MODULES[0]), "FunctionActorManager", None)
     return callable(getattr(manager, "get_execution_info", None))
 
 
@@ -312,13 +312,13 @@ def _apply_worker(patch: Patch, module: ModuleType) -> None:
 
 
 def _worker_patch() -> Patch:
-    return Patch(_WORKER_MODULES, _apply_worker, _ONCE)
+    return Patch(_RAY_WORKER_MODULES, _apply_worker, _ONCE)
 
 
 def worker_side_in_place() -> bool:
     """Whether a live wrapper of ours takes ``CARRIER`` off the tasks this process runs: a
     read of Ray's ``FunctionActorManager`` (``False`` where Ray's module is not imported)."""
-    manager = getattr(sys.modules.get(_WORKER_MODULES[0]), "FunctionActorManager", None)
+    manager = getattr(sys.modules.get(_RAY_WORKER_MODULES[0]), "FunctionActorManager", None)
     node = vars(manager).get("get_execution_info") if isinstance(manager, type) else None
     for _ in range(16):  # bounded: wrapper chains are short
         if node is None:
@@ -340,7 +340,7 @@ class RayPropagation:
 
     def __init__(self, runs_our_hook: RunsOurHook, *, caller: bool, worker: bool) -> None:
         self.caller = (
-            Patch(_CALLER_MODULES, _caller_applier(_CallerState(runs_our_hook)), _ONCE)
+            Patch(_RAY_CALLER_MODULES, _caller_applier(_CallerState(runs_our_hook)), _ONCE)
             if caller
             else None
         )
