@@ -1,6 +1,6 @@
 """The post-import hook that passes every provider NeMo Gym builds through a wrapping function,
 against the installed ``nemo-gym`` wheel: its registry, ``create_provider``, ``AsyncSandbox``
-and ``Sandbox``, imported before and after ``install``."""
+and ``Sandbox``, imported before and after the patch (``provider_patch``) is installed."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 import wrapt
 
 from nemo_gym_support import nemo_gym_sandbox
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
@@ -79,12 +80,29 @@ class EchoProvider:
         return None
 
 
+_INSTALLED: list[Patch] = []
+
+
+def install(wrap: Any) -> Patch:
+    """A provider patch made and installed, as ``instrument()`` makes one and keeps it."""
+    patch = hook.provider_patch(wrap)
+    patch.install()
+    _INSTALLED.append(patch)
+    return patch
+
+
+def uninstall() -> None:
+    """Every patch ``install`` made taken off, the latest first, as ``uninstrument()`` does."""
+    while _INSTALLED:
+        _INSTALLED.pop().uninstall()
+
+
 @pytest.fixture
 def nemo_gym() -> Iterator[ModuleType]:
     """``nemo_gym.sandbox``; the hook is uninstalled after the test whatever happened."""
     module = nemo_gym_sandbox()
     yield module
-    hook.uninstall()
+    uninstall()
 
 
 def register(nemo_gym: ModuleType, cls: type = EchoProvider) -> str:
@@ -103,7 +121,7 @@ def test_install_create_provider_result_wrapped(nemo_gym: ModuleType) -> None:
     """After install, create_provider returns the wrapping function's result around the
     provider NeMo Gym built from the config."""
     name = register(nemo_gym)
-    hook.install(mark)
+    install(mark)
     provider = nemo_gym.create_provider({name: {"greeting": "hi"}})
     assert isinstance(provider, Marked)
     assert isinstance(provider.wrapped, EchoProvider)
@@ -113,7 +131,7 @@ def test_install_create_provider_result_wrapped(nemo_gym: ModuleType) -> None:
 def test_install_every_binding_patched(nemo_gym: ModuleType) -> None:
     """The defining module and the three that bind create_provider by name all hold the one
     wrapper, including nemo_gym.sandbox.api, where AsyncSandbox looks it up."""
-    hook.install(mark)
+    install(mark)
     bound = holders()
     assert len({id(value) for value in bound.values()}) == 1
     assert isinstance(bound["nemo_gym.sandbox.api"], wrapt.FunctionWrapper)
@@ -122,7 +140,7 @@ def test_install_every_binding_patched(nemo_gym: ModuleType) -> None:
 async def test_async_sandbox_config_provider_wrapped(nemo_gym: ModuleType) -> None:
     """AsyncSandbox built from a config uses the wrapped provider through start, exec, stop."""
     name = register(nemo_gym)
-    hook.install(mark)
+    install(mark)
     sandbox = nemo_gym.AsyncSandbox({name: {}}, nemo_gym.SandboxSpec())
     assert isinstance(sandbox._provider, Marked)
     async with sandbox:
@@ -135,7 +153,7 @@ async def test_async_sandbox_config_provider_wrapped(nemo_gym: ModuleType) -> No
 def test_sandbox_sync_config_provider_wrapped(nemo_gym: ModuleType) -> None:
     """The synchronous Sandbox (which builds an AsyncSandbox on its own loop) is covered too."""
     name = register(nemo_gym)
-    hook.install(mark)
+    install(mark)
     with nemo_gym.Sandbox({name: {}}, nemo_gym.SandboxSpec()) as sandbox:
         sandbox.start()
         assert isinstance(sandbox._async_sandbox._provider, Marked)
@@ -145,33 +163,44 @@ def test_sandbox_sync_config_provider_wrapped(nemo_gym: ModuleType) -> None:
 def test_uninstall_functions_restored_identically(nemo_gym: ModuleType) -> None:
     """uninstall puts NeMo Gym's own function object back in every module."""
     before = holders()
-    hook.install(mark)
+    install(mark)
     assert all(holders()[name] is not before[name] for name in before)
-    hook.uninstall()
+    uninstall()
     after = holders()
     assert all(after[name] is before[name] for name in before)
     assert not isinstance(nemo_gym.create_provider({register(nemo_gym): {}}), Marked)
 
 
-def test_install_twice_wraps_once(nemo_gym: ModuleType) -> None:
-    """A second install replaces the wrapping function; the provider is wrapped once."""
+def test_install_two_patches_each_wraps_once_and_comes_off_alone(nemo_gym: ModuleType) -> None:
+    """Two patches (two instrumentors') each pass a provider through their own function once;
+    taking the first off leaves the second's in every binding."""
     calls: list[Any] = []
 
     def counting(provider: Any) -> Any:
         calls.append(provider)
-        return mark(provider)
+        return Marked(provider)
 
-    hook.install(mark)
-    hook.install(counting)
+    first = install(mark)
+    install(counting)
     provider = nemo_gym.create_provider({register(nemo_gym): {}})
     assert isinstance(provider, Marked)
-    assert isinstance(provider.wrapped, EchoProvider)
+    assert isinstance(provider.wrapped, Marked)
+    assert isinstance(provider.wrapped.wrapped, EchoProvider)
     assert len(calls) == 1
+
+    first.uninstall()
+    api = nemo_gym.AsyncSandbox({register(nemo_gym): {}}, nemo_gym.SandboxSpec())
+    alone = nemo_gym.create_provider({register(nemo_gym): {}})
+    assert isinstance(alone, Marked)
+    assert isinstance(alone.wrapped, EchoProvider)
+    assert isinstance(api._provider, Marked)
+    assert isinstance(api._provider.wrapped, EchoProvider)
+    assert len(calls) == 3
 
 
 def test_create_provider_constructor_error_same_object(nemo_gym: ModuleType) -> None:
     """An exception from NeMo Gym's create_provider (a bad option) reaches the caller as is."""
-    hook.install(mark)
+    install(mark)
     name = register(nemo_gym)
     with pytest.raises(TypeError) as raised:
         nemo_gym.create_provider({name: {"no_such_option": 1}})
@@ -186,7 +215,7 @@ async def test_sandbox_create_error_same_object(nemo_gym: ModuleType) -> None:
     class Failing(EchoProvider):
         create_error = error
 
-    hook.install(mark)
+    install(mark)
     sandbox = nemo_gym.AsyncSandbox({register(nemo_gym, Failing): {}}, nemo_gym.SandboxSpec())
     with pytest.raises(nemo_gym.SandboxCreateError) as raised:
         await sandbox.start()
@@ -205,7 +234,7 @@ def test_wrap_failure_provider_untouched_logged_once(
     def refuse(provider: Any) -> Any:
         raise RuntimeError("cannot wrap")
 
-    hook.install(refuse)
+    install(refuse)
     name = register(nemo_gym, Odd)
     with caplog.at_level(logging.WARNING, logger=hook.__name__):
         first = nemo_gym.create_provider({name: {}})
@@ -228,9 +257,9 @@ def test_install_over_other_patcher_restores_theirs(nemo_gym: ModuleType) -> Non
     wrapt.wrap_function_wrapper(module, "create_provider", theirs)
     try:
         their_wrapper = module.create_provider
-        hook.install(mark)
+        install(mark)
         assert isinstance(nemo_gym.create_provider({register(nemo_gym): {}}), Marked)
-        hook.uninstall()
+        uninstall()
         assert module.create_provider is their_wrapper
     finally:
         module.create_provider = original
@@ -254,6 +283,16 @@ _SUBPROCESS_PRELUDE = """
     import asyncio, sys
     from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
 
+    installed = []
+
+    def install(wrap):
+        installed.append(hook.provider_patch(wrap))
+        installed[-1].install()
+
+    def uninstall():
+        while installed:
+            installed.pop().uninstall()
+
     class Marked:
         def __init__(self, provider):
             self.wrapped = provider
@@ -270,7 +309,7 @@ def test_install_before_import_wraps_async_sandbox(nemo_gym: ModuleType) -> None
     output = run_python(
         _SUBPROCESS_PRELUDE
         + """
-    hook.install(Marked)
+    install(Marked)
     assert "nemo_gym" not in sys.modules
     import nemo_gym.sandbox as sandbox
     sandbox.register_provider("fresh", Provider)
@@ -286,8 +325,8 @@ def test_uninstall_before_import_hook_no_op(nemo_gym: ModuleType) -> None:
     output = run_python(
         _SUBPROCESS_PRELUDE
         + """
-    hook.install(Marked)
-    hook.uninstall()
+    install(Marked)
+    uninstall()
     import nemo_gym.sandbox as sandbox
     from nemo_gym.sandbox.providers import registry
     sandbox.register_provider("fresh", Provider)
@@ -306,9 +345,9 @@ def test_install_after_uninstall_before_import_one_hook(nemo_gym: ModuleType) ->
     output = run_python(
         _SUBPROCESS_PRELUDE
         + """
-    hook.install(Marked)
-    hook.uninstall()
-    hook.install(Marked)
+    install(Marked)
+    uninstall()
+    install(Marked)
     import nemo_gym.sandbox as sandbox
     sandbox.register_provider("fresh", Provider)
     provider = sandbox.create_provider({"fresh": {}})
@@ -326,16 +365,16 @@ def test_uninstall_after_import_restores_bindings_and_install_again_wraps(
     output = run_python(
         _SUBPROCESS_PRELUDE
         + """
-    hook.install(Marked)
+    install(Marked)
     import nemo_gym.sandbox as sandbox
     from nemo_gym.sandbox.providers import registry
     sandbox.register_provider("fresh", Provider)
-    hook.uninstall()
+    uninstall()
     restored = [
         name for name in hook.PATCHED_MODULES
         if sys.modules[name].create_provider is registry.create_provider
     ]
-    hook.install(Marked)
+    install(Marked)
     box = sandbox.AsyncSandbox({"fresh": {}})
     print(len(restored), type(box._provider).__name__, type(box._provider.wrapped).__name__)
     """
@@ -350,8 +389,9 @@ def test_install_without_nemo_gym_never_raises() -> None:
         import sys
         sys.modules["nemo_gym"] = None  # an import of it now raises ImportError
         from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _providers as hook
-        hook.install(lambda provider: provider)
-        hook.uninstall()
+        patch = hook.provider_patch(lambda provider: provider)
+        patch.install()
+        patch.uninstall()
         print("ok")
         """
     )

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -84,18 +85,27 @@ def traced(
     client.uninstrument()
 
 
-@pytest.fixture
-async def client(traced: TracerProvider, agent: Agent) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def server_client_for(agent: Agent) -> AsyncIterator[Any]:
     """A ServerClient naming the loopback agent, over NeMo Gym's global aiohttp client."""
     session = server_utils.set_global_aiohttp_client(server_utils.GlobalAIOHTTPAsyncClientConfig())
     config = {AGENT: {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 0}}}}
     config[AGENT]["responses_api_agents"]["simple_agent"]["port"] = agent.port
-    yield server_utils.ServerClient(
-        head_server_config=BaseServerConfig(host="127.0.0.1", port=1),
-        global_config_dict=OmegaConf.create(config),
-    )
-    await session.close()
-    server_utils._GLOBAL_AIOHTTP_CLIENT = None
+    try:
+        yield server_utils.ServerClient(
+            head_server_config=BaseServerConfig(host="127.0.0.1", port=1),
+            global_config_dict=OmegaConf.create(config),
+        )
+    finally:
+        await session.close()
+        server_utils._GLOBAL_AIOHTTP_CLIENT = None
+
+
+@pytest.fixture
+async def client(traced: TracerProvider, agent: Agent) -> AsyncIterator[Any]:
+    """A ServerClient naming the loopback agent, with the plugin's rollout spans on."""
+    async with server_client_for(agent) as made:
+        yield made
 
 
 def row(task: int, repeat: int) -> dict[str, Any]:
@@ -202,3 +212,74 @@ def test_rollout_span_uninstrument_restores_request(tracer_provider: TracerProvi
     finally:
         instrumentor.uninstrument()
     assert server_utils.ServerClient.__dict__["request"] is before
+
+
+ROLLOUT_ONLY = {"connection_pool": False, "sandbox_resources": False, "pressure": False}
+
+
+class SecondInstrumentor(NemoGymInstrumentor):
+    """A second instrumentor object: a subclass with a singleton slot of its own."""
+
+    _instance = None
+
+
+async def test_rollout_span_switched_off_request_unwrapped_no_span(
+    instrumentor: NemoGymInstrumentor,
+    tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    agent: Agent,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rollout_span=False``, or ``OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN=false``: ServerClient's
+    ``request`` is NeMo Gym's own and a rollout gets no span."""
+    before = server_utils.ServerClient.__dict__["request"]
+    for how in ("argument", "variable"):
+        if how == "argument":
+            instrumentor.instrument(
+                tracer_provider=tracer_provider, rollout_span=False, **ROLLOUT_ONLY
+            )
+        else:
+            monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN", "false")
+            instrumentor.instrument(tracer_provider=tracer_provider, **ROLLOUT_ONLY)
+        try:
+            assert server_utils.ServerClient.__dict__["request"] is before, how
+            async with server_client_for(agent) as made:
+                response = await made.post(server_name=AGENT, url_path="/run", json=row(1, 0))
+                assert await response.json() == {"reward": 1.0}
+        finally:
+            instrumentor.uninstrument()
+        tracer_provider.force_flush()
+        assert by_name(span_exporter, SPAN_NAME) == [], how
+
+
+async def test_rollout_span_two_instrumentors_each_on_its_own_provider(
+    instrumentor: NemoGymInstrumentor, agent: Agent
+) -> None:
+    """Two instrumentor objects, each with its own tracer provider: a rollout is a span on
+    each; after the first one's ``uninstrument()`` only the second's provider gets one, and
+    after the second's, ``request`` is NeMo Gym's own again."""
+    before = server_utils.ServerClient.__dict__["request"]
+    exporters = (InMemorySpanExporter(), InMemorySpanExporter())
+    providers = tuple(TracerProvider() for _ in exporters)
+    for provider, exporter in zip(providers, exporters, strict=True):
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    second = SecondInstrumentor()
+    instrumentor.instrument(tracer_provider=providers[0], **ROLLOUT_ONLY)
+    second.instrument(tracer_provider=providers[1], **ROLLOUT_ONLY)
+    try:
+        async with server_client_for(agent) as made:
+            await made.post(server_name=AGENT, url_path="/run", json=row(2, 0))
+            instrumentor.uninstrument()
+            await made.post(server_name=AGENT, url_path="/run", json=row(2, 1))
+    finally:
+        if instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()
+        second.uninstrument()
+    indices = [
+        [dict(s.attributes or {})[ATTR_ROLLOUT_INDEX] for s in by_name(exporter, SPAN_NAME)]
+        for exporter in exporters
+    ]
+    assert indices == [[0], [0, 1]]
+    assert server_utils.ServerClient.__dict__["request"] is before
+    for provider in providers:
+        provider.shutdown()

@@ -74,6 +74,26 @@ def test_patch_uninstall_before_import_leaves_module_alone(module_name: str) -> 
     assert not isinstance(vars(module.Greeter)["greet"], wrapt.FunctionWrapper)
 
 
+@pytest.mark.parametrize("first_off", ["first", "second"])
+def test_patch_two_installations_on_one_target_come_off_in_any_order(
+    module_name: str, first_off: str
+) -> None:
+    """Two patches (two instrumentors') on one method, taken off in either order: each call
+    runs every live wrapper once, and at the end the class holds its own function again."""
+    module = importlib.import_module(module_name)
+    original = vars(module.Greeter)["greet"]
+    first, second = method_patch(module_name), method_patch(module_name)
+    first.install()
+    second.install()
+    assert module.Greeter().greet("x") == "HELLO X"
+    remaining = second if first_off == "first" else first
+    (first if first_off == "first" else second).uninstall()
+    assert module.Greeter().greet("x") == "HELLO X"
+    remaining.uninstall()
+    assert vars(module.Greeter)["greet"] is original
+    assert module.Greeter().greet("x") == "hello x"
+
+
 def test_patch_later_wrapt_wrapper_stays_pointed_past_ours(module_name: str) -> None:
     """Uninstall under a later wrapt wrapper keeps theirs, around the original function."""
     module = importlib.import_module(module_name)

@@ -30,6 +30,7 @@ from tests.conftest import eventually, metric_names, metric_points, run_under_in
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym._shared._patching import is_live_wrapper
 from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS,
     OTEL_PYTHON_NEMO_GYM_PRESSURE,
@@ -39,6 +40,7 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs 
 )
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
+from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import _fresh_context_at_startup
 
 APPS = Path(__file__).with_name("apps")
 
@@ -300,13 +302,16 @@ async def test_pressure_off_leaves_uvicorn_alone(
     metric_reader: InMemoryMetricReader,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """OTEL_PYTHON_NEMO_GYM_PRESSURE=false: Server.startup is uvicorn's own, nothing recorded."""
-    original = uvicorn.Server.startup
+    """OTEL_PYTHON_NEMO_GYM_PRESSURE=false: Server.startup carries only the fresh request
+    context's wrapper (no pressure hook), and nothing is recorded."""
+    original = uvicorn.Server.__dict__["startup"]
     monkeypatch.setenv(OTEL_PYTHON_NEMO_GYM_PRESSURE, "false")
     instrumentor.instrument(
         meter_provider=meter_provider, connection_pool=False, sandbox_resources=False
     )
-    assert uvicorn.Server.startup is original
+    startup = uvicorn.Server.__dict__["startup"]
+    assert is_live_wrapper(startup, _fresh_context_at_startup)
+    assert startup.__wrapped__ is original
     assert not {
         name
         for name in metric_names(metric_reader.get_metrics_data())

@@ -442,11 +442,35 @@ async def test_ray_task_and_actor_method_join_the_callers_trace(
     def raises(message: str) -> None:
         raise ValueError(message)
 
+    class Undoes:
+        def undo(self) -> tuple[bool, bool, bool]:
+            """In its worker: the worker side in place, then its instrumentor's
+            uninstrument() takes it off, leaving Ray's own method."""
+            from ray._private.function_manager import FunctionActorManager
+
+            from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+            from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+                worker_side_in_place,
+            )
+
+            before = worker_side_in_place()
+            NemoGymInstrumentor().uninstrument()
+            method = vars(FunctionActorManager)["get_execution_info"]
+            return before, worker_side_in_place(), not hasattr(method, "__wrapped__")
+
+    # A worker where nemo_gym is switched off: setup_worker still takes the context off.
+    disabled_env = runtime_env(
+        env_vars={**env["env_vars"], "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "nemo_gym"},
+        inherit_environment=False,
+    )
+    remote_before = ray.remote_function.RemoteFunction.__dict__["_remote"]
+
     # Instrumented first, as opentelemetry-instrument does: an actor is known to run
     # setup_worker when it is created while instrumented.
     instrumentor = NemoGymInstrumentor()
     instrumentor.instrument(connection_pool=False, sandbox_resources=False, pressure=False)
     try:
+        assert ray.remote_function.RemoteFunction.__dict__["_remote"] is not remote_before
         task = ray.remote(span_in_worker).options(runtime_env=env)
         actor = ray.remote(Spans).options(runtime_env=env).remote()
         async_actor = ray.remote(AsyncSpans).options(runtime_env=env).remote()
@@ -473,21 +497,53 @@ async def test_ray_task_and_actor_method_join_the_callers_trace(
             return {name: receiver.ids[name] for name in names if name in receiver.ids}
 
         trace_id, span_id = await calls("joined")
+        with tracer.start_as_current_span("driver-disabled") as disabled_driver:
+            disabled = ray.remote(span_in_worker).options(runtime_env=disabled_env)
+            disabled_ref = disabled.remote(f"task-disabled-{run}")
+        # Exactly its own arguments, though its caller sent the context along.
+        assert await asyncio.to_thread(ray.get, disabled_ref, timeout=BOUND_S) == []
+        undoes = ray.remote(Undoes).options(runtime_env=env).remote()
+        undone = await asyncio.to_thread(ray.get, undoes.undo.remote(), timeout=BOUND_S)
+        assert undone == (True, False, True)
+        ray.kill(undoes)
         with tracer.start_as_current_span("driver-error"):
             failing = ray.remote(raises).options(runtime_env=env).remote("boom")
         with pytest.raises(ValueError, match="boom"):  # the task's own exception, unchanged
             await asyncio.to_thread(ray.get, failing, timeout=BOUND_S)
     finally:
         instrumentor.uninstrument()
+    assert ray.remote_function.RemoteFunction.__dict__["_remote"] is remote_before
     await until("received the joined spans", lambda: len(spans_of("joined")) == 3)
+    disabled_name = f"task-disabled-{run}"
+    await until("received the disabled worker's span", lambda: disabled_name in receiver.ids)
+    disabled_context = disabled_driver.get_span_context()
+    assert receiver.ids[disabled_name][::2] == (
+        f"{disabled_context.trace_id:032x}",
+        f"{disabled_context.span_id:016x}",
+    )
     joined = spans_of("joined")
     for name, (span_trace, _, parent) in joined.items():
         print(f"{name}: trace {span_trace} parent {parent} (driver {trace_id} {span_id})")
         assert (span_trace, parent) == (trace_id, span_id), name
 
-    # Not instrumented: the same calls start their own traces, exactly as before.
-    plain_trace, _ = await calls("plain")
-    await until("received the plain spans", lambda: len(spans_of("plain")) == 3)
-    for name, (span_trace, _, parent) in spans_of("plain").items():
-        assert span_trace != plain_trace, name
-        assert parent == "", name
+    # Not instrumented, or instrumented with ray_propagation=False: the same calls start their
+    # own traces, exactly as before, and Ray's _remote is its own.
+    for label in ("plain", "switched-off"):
+        switched_off = label == "switched-off"
+        if switched_off:
+            instrumentor.instrument(
+                connection_pool=False,
+                sandbox_resources=False,
+                pressure=False,
+                ray_propagation=False,
+            )
+        try:
+            assert ray.remote_function.RemoteFunction.__dict__["_remote"] is remote_before
+            plain_trace, _ = await calls(label)
+        finally:
+            if switched_off:
+                instrumentor.uninstrument()
+        await until(f"received the {label} spans", lambda: len(spans_of(label)) == 3)  # noqa: B023
+        for name, (span_trace, _, parent) in spans_of(label).items():
+            assert span_trace != plain_trace, name
+            assert parent == "", name

@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
@@ -24,7 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.version import __version__ as sdk_version
 
 from conftest import run_under_instrument
-from opentelemetry.instrumentation.nemo_gym import resource_detector
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, resource_detector
 from opentelemetry.instrumentation.nemo_gym.ray._identity import (
     is_ray_system_process,
     ray_process_attributes,
@@ -550,15 +552,48 @@ def test_detector_configured_instance_id_not_overridden() -> None:
     }
 
 
-def test_detect_cli_begins_run_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In NeMo Gym's command line ``detect()`` sets the run id its servers will inherit, once."""
-    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID", raising=False)
+def test_detect_changes_nothing_in_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``detect()`` twice in NeMo Gym's command line (where a run begins) leaves
+    ``os.environ`` exactly as it was, and names the same run both times."""
+    monkeypatch.setenv("NEMO_GYM_OTEL_RUN_ID", "to be removed")
+    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setattr("sys.argv", ["/venv/bin/gym", "env", "start"])
+    before = dict(os.environ)
     first = NemoGymResourceDetector().detect().attributes["nemo.run.id"]
-    assert os.environ["NEMO_GYM_OTEL_RUN_ID"] == first
-    assert NemoGymResourceDetector().detect().attributes["nemo.run.id"] == first
+    second = NemoGymResourceDetector().detect().attributes["nemo.run.id"]
+    assert dict(os.environ) == before
+    assert first == second
     monkeypatch.setattr("sys.argv", ["/srv/app.py"])
-    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID")
     assert "nemo.run.id" not in NemoGymResourceDetector().detect().attributes
-    assert "NEMO_GYM_OTEL_RUN_ID" not in os.environ
+    assert dict(os.environ) == before
+
+
+def test_instrument_cli_hands_its_run_to_a_child_process(
+    instrumentor: NemoGymInstrumentor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In NeMo Gym's command line ``instrument()`` begins the run: a child process started
+    afterwards reports the same ``nemo.run.id`` as this process's resource."""
+    monkeypatch.setenv("NEMO_GYM_OTEL_RUN_ID", "to be removed")
+    monkeypatch.delenv("NEMO_GYM_OTEL_RUN_ID")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/gym", "env", "start"])
+    instrumentor.instrument(connection_pool=False, sandbox_resources=False, pressure=False)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD_RUN_ID],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    ours = NemoGymResourceDetector().detect().attributes["nemo.run.id"]
+    assert child.stdout.strip() == ours
+    assert os.environ["NEMO_GYM_OTEL_RUN_ID"] == ours
+
+
+# A child of the command line (a NeMo Gym server would be one): its resource's run id.
+CHILD_RUN_ID = (
+    "from opentelemetry.instrumentation.nemo_gym.resource_detector import "
+    "NemoGymResourceDetector as D; print(D().detect().attributes.get('nemo.run.id'))"
+)

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_trace_globals
 
-from opentelemetry.instrumentation.nemo_gym.sandbox import _state
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     ContainerResourceAmounts,
     SandboxHandle,
@@ -672,17 +672,17 @@ def test_sampling_interval_positive_with_exporter(
 
 @pytest.fixture
 def state_warnings(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """The log as a fresh process sees it: the state's once-only memo forgotten around it."""
-    _state._ENVIRONMENT.reset()
+    """The log as a fresh process sees it: the settings' once-only memo forgotten around it."""
+    _settings._ONCE.reset()
     yield caplog
-    _state._ENVIRONMENT.reset()
+    _settings._ONCE.reset()
 
 
 def _warnings_of_state(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == _state.__name__ and r.levelno == logging.WARNING
+        if r.name == _settings.__name__ and r.levelno == logging.WARNING
     ]
 
 
@@ -711,5 +711,5 @@ def test_sampling_interval_long_bad_value_cut_in_warning(
     assert sampling_interval() == 10.0
     assert _warnings_of_state(state_warnings) == [
         f"OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL={'x' * 64!r}... (5000 characters) "
-        "is not a finite number >= 0; using the default 10.0"
+        "is not a finite number >= 0.0; using the default 10.0"
     ]

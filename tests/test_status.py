@@ -76,7 +76,8 @@ def test_instrument_status_both_on(
     assert line == (
         "nemo_gym instrumentation: connection_pool=on (SDK MeterProvider with 1 metric reader: "
         "new aiohttp.TCPConnector pools are timed); sandbox_resources=on (SDK TracerProvider "
-        "with 1 exporting span processor; usage sampled every 10 s)"
+        "with 1 exporting span processor; usage sampled every 10 s); rollout_span=on; "
+        "ray_propagation=on"
     )
 
 
@@ -103,7 +104,8 @@ def test_instrument_status_no_reader(
     assert line == (
         "nemo_gym instrumentation: connection_pool=off for now (the SDK MeterProvider has no "
         "metric reader; aiohttp.TCPConnector stays plain, checked again at each construction); "
-        "sandbox_resources=off (sandbox_resources=False was passed to instrument())"
+        "sandbox_resources=off (sandbox_resources=False was passed to instrument()); "
+        "rollout_span=on; ray_propagation=on"
     )
 
 
@@ -154,7 +156,8 @@ def test_instrument_status_disabled_by_variables(
     assert line == (
         "nemo_gym instrumentation: connection_pool=off "
         "(OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL='false'); "
-        "sandbox_resources=off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES='0')"
+        "sandbox_resources=off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES='0'); "
+        "rollout_span=on; ray_propagation=on"
     )
 
 
@@ -169,7 +172,8 @@ def test_instrument_status_interval_zero(
     line = _instrument(instrumentor, caplog, tracer_provider=tracer_provider)
     assert line.endswith(
         "sandbox_resources=on (SDK TracerProvider with 1 exporting span processor; periodic "
-        "usage sampling off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL=0))"
+        "usage sampling off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL=0)); "
+        "rollout_span=on; ray_propagation=on"
     )
 
 
@@ -192,7 +196,7 @@ def test_status_line_is_pure_text() -> None:
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool=False was passed to "
         "instrument()); sandbox_resources=off (sandbox_resources=False was passed to "
-        "instrument())"
+        "instrument()); rollout_span=on; ray_propagation=on"
     )
 
 
@@ -203,7 +207,31 @@ def test_status_line_boolean_string_argument() -> None:
     )
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool='off' was passed to "
-        "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument())"
+        "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument()); "
+        "rollout_span=on; ray_propagation=on"
+    )
+
+
+def test_status_line_new_switches_off_by_argument_and_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rollout span and Ray propagation switches, off by argument or by variable, are
+    named in the line with what turned them off."""
+    by_argument = _status.status_line(
+        {"rollout_span": False, "ray_propagation": "off"}, **CAPABILITY_CHECKS
+    )
+    assert by_argument.endswith(
+        "; rollout_span=off (rollout_span=False was passed to instrument(); ServerClient.request "
+        "is not wrapped); ray_propagation=off (ray_propagation='off' was passed to "
+        "instrument(); nothing added to the Ray tasks this process starts)"
+    )
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN", "false")
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION", "0")
+    by_variable = _status.status_line({}, **CAPABILITY_CHECKS)
+    assert by_variable.endswith(
+        "; rollout_span=off (OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN='false'; ServerClient.request "
+        "is not wrapped); ray_propagation=off (OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION='0'; "
+        "nothing added to the Ray tasks this process starts)"
     )
 
 

@@ -127,3 +127,53 @@ async def test_trace_sandbox_spans_nest_under_server_handling(
     assert sorted({s.name for s in sandbox_spans}) == sorted({*LIFECYCLE, "sandbox.resources"})
     for span in sandbox_spans:
         assert server in _parents(span, by_id), (span.name, [p.name for p in _parents(span, by_id)])
+
+
+async def test_trace_pressure_off_request_not_nested_in_leaked_context(
+    instrumentor: NemoGymInstrumentor,
+    tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``OTEL_PYTHON_NEMO_GYM_PRESSURE=false`` (so no pressure hook on uvicorn), a request
+    served from a task made inside another span still gets the client's span as its parent,
+    not the leaked one: the fresh request context is a hook of its own."""
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_PRESSURE", "false")
+    instrumentor.instrument(
+        tracer_provider=tracer_provider, connection_pool=False, sandbox_resources=False
+    )
+    client = AioHttpClientInstrumentor()
+    client.instrument(tracer_provider=tracer_provider)
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracer_provider)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", lifespan="on")
+    )
+    try:
+        with tracer_provider.get_tracer("test").start_as_current_span(LEAKED):
+            task = asyncio.create_task(server.serve())
+        await eventually(lambda: server.started or task.done(), "uvicorn started")
+        assert server.started
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/ping") as response,
+        ):
+            assert await response.json() == {"pong": "yes"}
+    finally:
+        server.should_exit = True
+        await task
+        FastAPIInstrumentor.uninstrument_app(app)
+        client.uninstrument()
+    spans = span_exporter.get_finished_spans()
+    (leaked,) = [s for s in spans if s.name == LEAKED]
+    (client_span,) = [s for s in spans if s.kind is SpanKind.CLIENT]
+    (server_span,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    assert server_span.parent is not None
+    assert server_span.parent.span_id == client_span.context.span_id
+    assert server_span.context.trace_id != leaked.context.trace_id

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
@@ -86,6 +88,12 @@ from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     pressure_enabled as _pressure_enabled,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    ray_propagation_enabled as _ray_propagation_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    rollout_span_enabled as _rollout_span_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     sandbox_resource_interval as _sandbox_resource_interval,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
@@ -102,25 +110,16 @@ from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
-    install as _install_nemo_gym_providers,
-)
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
-    uninstall as _uninstall_nemo_gym_providers,
+    provider_patch as _nemo_gym_provider_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
-    install as _install_rollout_span,
-)
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
-    uninstall as _uninstall_rollout_span,
+    rollout_patch as _rollout_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     capacity_workers as _capacity_workers,
 )
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
-    install as _install_server_labels,
-)
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
-    uninstall as _uninstall_server_labels,
+    label_patch as _server_label_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
 from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
@@ -132,20 +131,18 @@ from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
 from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
     stop as _stop_pressure,
 )
-from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
-    install as _install_uvicorn_pressure,
+from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import (
+    fresh_context_patch as _fresh_context_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
-    uninstall as _uninstall_uvicorn_pressure,
+    pressure_patch as _uvicorn_pressure_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.ray import _runs_setup_worker
-from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
-    install as _install_ray_propagation,
+from opentelemetry.instrumentation.nemo_gym.ray._propagation import RayPropagation
+from opentelemetry.instrumentation.nemo_gym.resource_detector import (
+    begin_run,
+    in_ray_system_process,
 )
-from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
-    uninstall as _uninstall_ray_propagation,
-)
-from opentelemetry.instrumentation.nemo_gym.resource_detector import in_ray_system_process
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import SandboxSpanProcessor
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     disable as _disable_sandbox_tracing,
@@ -201,6 +198,31 @@ def _capability_flag(
     return default
 
 
+class _Installed(Protocol):
+    """A patch the instrumentor keeps: ``Patch``, ``RayPropagation``."""
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+
+def _install(patches: list[_Installed], make: Callable[[], _Installed], what: str) -> None:
+    """Make a patch, keep it in ``patches`` and install it; a failure is logged, never raised.
+
+    Kept before it is installed: an installation that fails halfway is still taken off.
+    """
+    try:
+        patch = make()
+    except Exception:
+        logger.exception("nemo_gym: %s failed; skipped", what)
+        return
+    patches.append(patch)
+    try:
+        patch.install()
+    except Exception:
+        logger.exception("nemo_gym: %s failed; skipped", what)
+
+
 _STDERR_HANDLER: logging.Handler | None = None
 
 
@@ -240,11 +262,16 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     ``instrument()`` never raises: ``opentelemetry-instrument`` skips every later
     instrumentor after one that does, so a failure here is logged and the rest carries on.
-    The state of each capability (its telemetry, its patch) belongs to this object from
-    ``instrument()`` to ``uninstrument()``.
+    The state of each capability (its telemetry, its patches) belongs to this object from
+    ``instrument()`` to ``uninstrument()``: every patch is made by ``instrument()``, kept here,
+    and taken off by ``uninstrument()``. ``BaseInstrumentor`` makes one object per class, so a
+    second object is an instance of a subclass; each keeps and removes only its own patches.
     """
 
     _pool_patch: TCPConnectorPatch | None = None
+    _sandbox_state: Any = None
+    # Installed in this order, taken off in the reverse one (Patch, RayPropagation).
+    _patches: tuple[_Installed, ...] = ()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -258,6 +285,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         connection_pool: bool | None = None,
         sandbox_resources: bool | None = None,
         pressure: bool | None = None,
+        rollout_span: bool | None = None,
+        ray_propagation: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Turn the instrumentation on; a failure inside is logged, never raised.
@@ -265,7 +294,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ``meter_provider`` / ``tracer_provider``: default the global providers, resolved at
         each connector construction. ``connection_pool`` / ``sandbox_resources``: default
         ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true).
-        ``pressure``: default ``OTEL_PYTHON_NEMO_GYM_PRESSURE`` (true). Other
+        ``pressure``: default ``OTEL_PYTHON_NEMO_GYM_PRESSURE`` (true). ``rollout_span`` /
+        ``ray_propagation``: default ``OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN`` /
+        ``..._RAY_PROPAGATION`` (true). Other
         keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
         INFO line saying which capabilities are active and, for one that is not, why.
         """
@@ -275,6 +306,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             connection_pool=connection_pool,
             sandbox_resources=sandbox_resources,
             pressure=pressure,
+            rollout_span=rollout_span,
+            ray_propagation=ray_propagation,
             **kwargs,
         )
 
@@ -292,47 +325,62 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 kwargs, "sandbox_resources", _sandbox_resources_enabled
             )
             pressure = _capability_flag(kwargs, "pressure", _pressure_enabled)
+            rollout_span = _capability_flag(kwargs, "rollout_span", _rollout_span_enabled)
+            ray_propagation = _capability_flag(kwargs, "ray_propagation", _ray_propagation_enabled)
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
         try:
+            # NeMo Gym's command line begins a run: the servers it spawns from now on share it.
+            begin_run(os.environ, sys.argv)
+        except Exception:
+            logger.exception("nemo_gym: beginning the run's id failed")
+        patches: list[_Installed] = []
+        self._patches = ()
+        try:
             _show_own_lines(_log_level())
         except Exception:
             logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
+        # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
+        # whatever the pressure setting: uvicorn may leak one request's context into the next.
+        _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
         if pressure:
-            try:
-                self._instrument_pressure(kwargs.get("meter_provider"))
-            except Exception:
-                logger.exception("nemo_gym: pressure instrumentation failed; skipped")
+            meter_provider = kwargs.get("meter_provider")
+            _install(
+                patches,
+                lambda: self._instrument_pressure(meter_provider),
+                "pressure instrumentation",
+            )
         if connection_pool:
             try:
                 self._instrument_connection_pool(kwargs.get("meter_provider"), pressure)
             except Exception:
                 logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
-            try:
-                _install_server_labels()
-            except Exception:
-                logger.exception("nemo_gym: ServerClient labelling failed; skipped")
+            _install(patches, _server_label_patch, "ServerClient labelling")
         if sandbox_resources:
-            try:
-                self._instrument_sandbox(
-                    kwargs.get("tracer_provider"), kwargs.get("meter_provider")
-                )
-            except Exception:
-                logger.exception("nemo_gym: sandbox instrumentation failed; skipped")
-        # NeMo Gym's rollouts (a ServerClient POST /run): one span each, the root of the
-        # rollout's trace. A non-recording span without a configured tracer provider.
-        try:
-            _install_rollout_span(kwargs.get("tracer_provider"))
-        except Exception:
-            logger.exception("nemo_gym: rollout spans failed; skipped")
+            providers = (kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
+            _install(
+                patches, lambda: self._instrument_sandbox(*providers), "sandbox instrumentation"
+            )
+        if rollout_span:
+            # NeMo Gym's rollouts (a ServerClient POST /run): one span each, the root of the
+            # rollout's trace. A non-recording span without a configured tracer provider.
+            tracer_provider = kwargs.get("tracer_provider")
+            _install(patches, lambda: _rollout_patch(tracer_provider), "rollout spans")
         # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
-        # where their workers run setup_worker; Ray's modules are patched when imported.
-        try:
-            _install_ray_propagation(_runs_setup_worker)
-        except Exception:
-            logger.exception("nemo_gym: carrying the trace context into Ray tasks failed; skipped")
+        # where their workers run setup_worker; Ray's modules are patched when imported. A
+        # worker whose callers send the context takes it off whatever the switch says here.
+        _install(
+            patches,
+            lambda: RayPropagation(
+                _runs_setup_worker,
+                caller=ray_propagation,
+                worker=_runs_setup_worker({"env_vars": os.environ}),
+            ),
+            "carrying the trace context into Ray tasks",
+        )
+        self._patches = tuple(patches)
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
             flush_at_sigterm()
@@ -347,7 +395,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 
     @staticmethod
-    def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> None:
+    def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> _Installed:
+        """Configure the pressure metrics; their uvicorn hook, for ``_install`` to put on."""
         _configure_pressure(_loop_lag_interval_s(), __version__)
 
         def exporting_provider() -> metrics.MeterProvider | None:
@@ -355,7 +404,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             provider = meter_provider or metrics.get_meter_provider()
             return provider if metrics_export_status(provider)[0] else None
 
-        _install_uvicorn_pressure(exporting_provider)
+        return _uvicorn_pressure_patch(exporting_provider)
 
     def _instrument_connection_pool(
         self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
@@ -427,11 +476,13 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._pool_patch = patch
         _bind_instrumented_telemetry(current)
 
-    @staticmethod
     def _instrument_sandbox(
+        self,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
-    ) -> None:
+    ) -> _Installed:
+        """Enable this instrumentor's sandbox state; NeMo Gym's ``create_provider`` hook with
+        it, for ``_install`` to put on."""
         # None keeps the global provider, looked up at each use (it may be set later); the
         # fleet counters are made once per meter provider (SandboxFleetMetrics.of).
         state = _enable_sandbox_tracing(
@@ -440,13 +491,19 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             interval_s=_sandbox_resource_interval(),
             instrumentation_version=__version__,
         )
+        self._sandbox_state = state
         # Every provider NeMo Gym builds, whatever its origin, traced with this state.
-        _install_nemo_gym_providers(_sandbox_wrapping_for(state))
+        return _nemo_gym_provider_patch(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         stop_flush_at_sigterm()
+        patches, self._patches = self._patches, ()
+        for patch in reversed(patches):
+            try:
+                patch.uninstall()
+            except Exception:
+                logger.exception("nemo_gym: taking a patch off failed (%r)", patch)
         try:
-            _uninstall_uvicorn_pressure()
             _stop_pressure()
         except Exception:
             logger.exception("nemo_gym: stopping the pressure metrics failed")
@@ -458,22 +515,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
         try:
-            _uninstall_rollout_span()
-        except Exception:
-            logger.exception("nemo_gym: restoring nemo_gym's ServerClient.request failed")
-        try:
-            _uninstall_ray_propagation()
-        except Exception:
-            logger.exception("nemo_gym: restoring Ray's task submission failed")
-        try:
-            _uninstall_server_labels()
-        except Exception:
-            logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
-        try:
-            _uninstall_nemo_gym_providers()
-        except Exception:
-            logger.exception("nemo_gym: restoring nemo_gym's create_provider failed")
-        try:
-            _disable_sandbox_tracing()
+            state, self._sandbox_state = self._sandbox_state, None
+            if state is not None:
+                _disable_sandbox_tracing(state)
         except Exception:
             logger.exception("nemo_gym: disabling sandbox instrumentation failed")

@@ -127,3 +127,27 @@ value, or one that is not a number, is one warning and the default). The probe c
 per interval, nothing per request.
 Flag: ``--nemo_gym_loop_lag_interval_ms``.
 """
+
+OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN = "OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN
+
+Whether ``instrument()`` wraps NeMo Gym's ``ServerClient.request`` so that each rollout
+(a ``POST /run`` whose row carries NeMo Gym's task and rollout indices) runs inside a
+``rollout`` span, the root of the rollout's trace. ``true`` (default) or ``false``. Off, the
+method is not wrapped at all.
+Flag: ``--nemo_gym_rollout_span``.
+"""
+
+OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION = "OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION
+
+Whether ``instrument()`` carries the current trace context into Ray tasks and actor methods
+started inside a span: the caller adds one keyword argument (``__nemo_gym_otel_context__``)
+for workers whose ``runtime_env`` runs ``setup_worker``, and such a worker's instrumentation
+takes it off before the task runs. ``true`` (default) or ``false``. Off, nothing of Ray's is
+patched and a task's arguments are exactly the caller's; a caller sends nothing to a task
+whose ``runtime_env`` sets this variable to ``false``.
+Flag: ``--nemo_gym_ray_propagation``.
+"""

@@ -25,10 +25,12 @@ every detector outside the SDK's defaults it runs only when named::
   UUID, the SDK's where it has one), ``process.pid`` and ``process.parent_pid``, so
   two workers of one server never share a series.
 
-The command line is where a run begins: where ``NEMO_GYM_OTEL_RUN_ID`` is unset, ``detect()``
-mints a run id there as NeMo Gym's orchestrator does and sets the variable in this process's
-environment, so every server it spawns (and NeMo Gym's own telemetry, where it is on) reports
-the same run. NeMo Gym reads the variable for its own telemetry only.
+The command line is where a run begins: where ``NEMO_GYM_OTEL_RUN_ID`` is unset, the command
+line's run id is minted there as NeMo Gym's orchestrator does, once per process, and
+``detect()`` reports it. ``detect()`` only reads: it changes nothing in the process. The
+instrumentor writes that id into ``NEMO_GYM_OTEL_RUN_ID`` when it starts (``begin_run``), so
+every server the command line spawns afterwards (and NeMo Gym's own telemetry, where it is on)
+reports the same run. NeMo Gym reads the variable for its own telemetry only.
 
 ``OTEL_SERVICE_NAME`` and a ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` still win: where
 either is set, the detector names no service (whatever order an SDK runs detectors in). The
@@ -69,7 +71,7 @@ from opentelemetry.instrumentation.nemo_gym.ray._identity import (
     ray_process_attributes,
 )
 
-__all__ = ["NemoGymResourceDetector", "in_ray_system_process"]
+__all__ = ["NemoGymResourceDetector", "begin_run", "in_ray_system_process"]
 
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
@@ -90,8 +92,11 @@ class NemoGymResourceDetector(ResourceDetector):
         otherwise it is logged once and an empty resource is returned.
         """
         try:
-            _export_run_id(os.environ, sys.argv)
-            return Resource(process_attributes(os.environ, sys.argv, _parent_argv()))
+            attributes = process_attributes(os.environ, sys.argv, _parent_argv())
+            if ATTR_RUN_ID not in attributes and is_nemo_gym_cli(sys.argv):
+                # The run this command line begins (begin_run hands it to its children).
+                attributes[ATTR_RUN_ID] = _run_begun_here(os.environ)
+            return Resource(attributes)
         except Exception:
             if self.raise_on_error:
                 raise
@@ -149,12 +154,32 @@ def _in_resource_attributes(environ: Mapping[str, str], key: str) -> bool:
     return any(pair.split("=", 1)[0].strip() == key for pair in pairs if "=" in pair)
 
 
-def _export_run_id(environ: MutableMapping[str, str], argv: Sequence[str]) -> None:
+_run_lock = threading.Lock()
+_run: tuple[int, str] | None = None
+
+
+def _run_begun_here(environ: Mapping[str, str]) -> str:
+    """The run id this process mints as NeMo Gym's command line: one per process (a forked
+    child mints its own), written nowhere; ``begin_run`` hands it to the children."""
+    global _run
+    with _run_lock:
+        pid = os.getpid()
+        if _run is None or _run[0] != pid:
+            _run = (pid, new_run_id(environ))
+        return _run[1]
+
+
+def begin_run(environ: MutableMapping[str, str], argv: Sequence[str]) -> str | None:
     """In NeMo Gym's command line, begin a run as its orchestrator does: where
-    ``NEMO_GYM_OTEL_RUN_ID`` is unset, set it to a new run id, so that every server (and
-    uvicorn worker, and Ray worker) started from here inherits it."""
-    if is_nemo_gym_cli(argv) and not environ.get(RUN_ID_VARIABLE, "").strip():
-        environ[RUN_ID_VARIABLE] = new_run_id(environ)
+    ``NEMO_GYM_OTEL_RUN_ID`` is unset, set it in ``environ`` to this process's run id (the one
+    ``detect()`` reports), so every server, uvicorn worker and Ray worker started from here
+    afterwards inherits it. Called by the instrumentor when it starts; returns the id set, or
+    ``None`` where nothing was set (not the command line, or a run id already given)."""
+    if not is_nemo_gym_cli(argv) or environ.get(RUN_ID_VARIABLE, "").strip():
+        return None
+    run = _run_begun_here(environ)
+    environ[RUN_ID_VARIABLE] = run
+    return run
 
 
 def in_ray_system_process() -> bool:

@@ -30,7 +30,7 @@ import wrapt
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
-__all__ = ["Patch", "Wrapped", "Wrapper", "methods_of", "unwrap", "wrap"]
+__all__ = ["Patch", "Wrapped", "Wrapper", "is_live_wrapper", "methods_of", "unwrap", "wrap"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class Wrapped:
                 return wrapped(*args, **kwargs)
             return wrapper(wrapped, instance, args, kwargs)
 
+        call.__wrapped__ = wrapper  # type: ignore[attr-defined]  # what is_live_wrapper reads
+        call.record = self  # type: ignore[attr-defined]
         return call
 
 
@@ -80,17 +82,41 @@ def wrap(owner: Any, name: str, wrapper: Wrapper) -> Wrapped:
     return record
 
 
+def is_live_wrapper(node: Any, wrapper: Wrapper) -> bool:
+    """Whether ``node`` (an attribute's value, or a link of its wrapper chain) is a live
+    wrapper of ours made by ``wrap`` with ``wrapper``."""
+    gated = getattr(node, "_self_wrapper", None) if isinstance(node, _PROXY) else None
+    record = getattr(gated, "record", None)
+    return (
+        isinstance(record, Wrapped)
+        and record.live
+        and getattr(gated, "__wrapped__", None) is wrapper
+    )
+
+
+def _past_removed(value: Any) -> Any:
+    """``value``, or where it is a wrapper of ours already taken off (another installation's,
+    which stood below this one when it was made), what that wrapper wraps: restoring it would
+    put a dead wrapper back."""
+    for _ in range(16):  # bounded: wrapper chains are short
+        record = getattr(getattr(value, "_self_wrapper", None), "record", None)
+        if not isinstance(value, _PROXY) or not isinstance(record, Wrapped) or record.live:
+            return value
+        value = value.__wrapped__
+    return value
+
+
 def unwrap(record: Wrapped) -> bool:
     """Take ``record``'s wrapper off exactly; ``False`` when it could not be reached."""
     record.live = False
     owner, name, ours = record.owner, record.name, record.ours
-    restored = ours.__wrapped__ if record.previous is _ABSENT else record.previous
+    restored = _past_removed(ours.__wrapped__ if record.previous is _ABSENT else record.previous)
     node = vars(owner).get(name, _ABSENT)
     if node is ours:
         if record.previous is _ABSENT:
             delattr(owner, name)
         else:
-            setattr(owner, name, record.previous)
+            setattr(owner, name, restored)
         return True
     seen = 0
     while isinstance(node, _PROXY) and seen < 16:  # bounded: wrapper chains are short

@@ -122,6 +122,8 @@ def validate_all() -> None:
         log_level,
         pressure_enabled,
         loop_lag_interval_s,
+        rollout_span_enabled,
+        ray_propagation_enabled,
     ):
         read()
 
@@ -181,6 +183,14 @@ def max_destinations() -> int:
 
 def pressure_enabled() -> bool:
     return read_bool(env.OTEL_PYTHON_NEMO_GYM_PRESSURE, True)
+
+
+def rollout_span_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN, True)
+
+
+def ray_propagation_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION, True)
 
 
 DEFAULT_LOOP_LAG_INTERVAL_MS = 100.0

@@ -33,12 +33,31 @@ def _switched_off(kwargs: Mapping[str, Any], argument: str, variable: str) -> st
     chosen = _settings.parse_bool(value) if isinstance(value, str) else value
     if isinstance(chosen, bool):
         return None if chosen else f"{argument}={value!r} was passed to instrument()"
-    enabled = (
-        _settings.connection_pool_enabled()
-        if argument == "connection_pool"
-        else _settings.sandbox_resources_enabled()
-    )
+    enabled = _FROM_ENVIRONMENT[argument]()
     return None if enabled else f"{variable}={shown_value(os.environ.get(variable, ''))}"
+
+
+# Each switch's reader of its variable, by instrument()'s argument.
+_FROM_ENVIRONMENT: dict[str, Callable[[], bool]] = {
+    "connection_pool": _settings.connection_pool_enabled,
+    "sandbox_resources": _settings.sandbox_resources_enabled,
+    "rollout_span": _settings.rollout_span_enabled,
+    "ray_propagation": _settings.ray_propagation_enabled,
+}
+
+
+def _rollout_status(kwargs: Mapping[str, Any]) -> str:
+    off = _switched_off(kwargs, "rollout_span", env.OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN)
+    if off is not None:
+        return f"rollout_span=off ({off}; ServerClient.request is not wrapped)"
+    return "rollout_span=on"
+
+
+def _ray_status(kwargs: Mapping[str, Any]) -> str:
+    off = _switched_off(kwargs, "ray_propagation", env.OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION)
+    if off is not None:
+        return f"ray_propagation=off ({off}; nothing added to the Ray tasks this process starts)"
+    return "ray_propagation=on"
 
 
 def _connection_pool_status(kwargs: Mapping[str, Any], pool_unfit: Callable[[], object]) -> str:
@@ -93,7 +112,9 @@ def status_line(
     """
     pool = _connection_pool_status(kwargs, pool_unfit)
     sandbox = _sandbox_status(kwargs, own_span_processors)
-    return f"nemo_gym instrumentation: {pool}; {sandbox}"
+    rollout = _rollout_status(kwargs)
+    ray = _ray_status(kwargs)
+    return f"nemo_gym instrumentation: {pool}; {sandbox}; {rollout}; {ray}"
 
 
 def log_status(

@@ -13,6 +13,10 @@ the other request, in the other request's trace: in a NeMo Gym deployment of 300
 ``FreshTraceContextApp`` wraps the app uvicorn serves (the outermost one, where nothing
 legitimately precedes it) and runs each HTTP or WebSocket call with an empty OpenTelemetry
 context, so the instrumentation extracts the caller's context from the request's headers.
+``fresh_context_patch()`` is the hook that puts it there: ``uvicorn.Server.startup`` wraps the
+loaded app before the first connection is accepted. The instrumentor installs it whatever the
+pressure metrics' setting (it concerns traces, not metrics); nothing here imports uvicorn (a
+post-import hook patches ``Server`` when the application imports ``uvicorn.server``).
 Only OpenTelemetry's context is replaced, for the call's duration; the application's own
 context variables, its results, exceptions and cancellation pass through unchanged.
 """
@@ -26,8 +30,9 @@ from typing import Any
 from opentelemetry import context
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
 
-__all__ = ["FreshTraceContextApp", "wrap_app"]
+__all__ = ["FreshTraceContextApp", "fresh_context_patch", "wrap_app"]
 
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
@@ -77,3 +82,29 @@ class FreshTraceContextApp:
 def wrap_app(app: Any) -> Any:
     """``app`` wrapped by ``FreshTraceContextApp`` (once)."""
     return app if isinstance(app, FreshTraceContextApp) else FreshTraceContextApp(app)
+
+
+def _fresh_context_at_startup(
+    wrapped: Callable[..., Any], instance: object, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``uvicorn.Server.startup``, with the loaded app wrapped by ``FreshTraceContextApp``."""
+    try:
+        config = getattr(instance, "config", None)
+        app = getattr(config, "loaded_app", None)
+        if app is not None:
+            config.loaded_app = wrap_app(app)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 - a server starts whatever happens here
+        _ONCE(("startup", type(exc).__name__), logging.WARNING, "nemo_gym: uvicorn: %r", exc)
+    return wrapped(*args, **kwargs)
+
+
+def fresh_context_patch() -> Patch:
+    """A new ``Patch`` that, while installed, makes every uvicorn server started afterwards
+    serve its app through ``FreshTraceContextApp`` (the instrumentor makes one per
+    ``instrument()``). Uninstalling restores ``Server.startup``; servers already started
+    keep their wrapped app."""
+    return Patch(
+        ("uvicorn.server",),
+        methods_of("Server", ("startup",), _fresh_context_at_startup, _ONCE),
+        _ONCE,
+    )

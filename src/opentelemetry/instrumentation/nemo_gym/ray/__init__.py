@@ -163,23 +163,28 @@ def setup_worker() -> None:
     is logged, and the worker runs its tasks without it.
     """
     try:
-        # First, whatever else fails: a caller that sees this hook in the runtime_env sends
-        # its trace context along with the task, for this worker to take off again.
-        from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
-            install_worker_side,
-        )
-
-        install_worker_side()
-    except Exception:
-        logger.exception("nemo_gym: joining Ray tasks to their caller's trace failed")
-    try:
         if _sdk_configured():
             logger.debug("nemo_gym: OpenTelemetry already configured in this Ray worker")
-            return
-        _name_ray_ids_if_missing()
-        _initialize_like_opentelemetry_instrument()
+        else:
+            _name_ray_ids_if_missing()
+            _initialize_like_opentelemetry_instrument()
     except Exception:
         logger.exception("nemo_gym: configuring OpenTelemetry in this Ray worker failed")
+    try:
+        # A caller that sees this hook in the runtime_env sends its trace context along with
+        # the task; the instrumentor, run above or at the worker's start, takes it off again.
+        # Where none did (nemo_gym disabled here, a failed start), the task must still get
+        # exactly its own arguments. Callers send it only where Ray's hook variable names
+        # ours (not where a hook of the user's calls this one).
+        from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+            take_carrier_off_here,
+        )
+
+        sent_here = _runs_setup_worker({"env_vars": os.environ})
+        if sent_here and take_carrier_off_here() is not None:
+            logger.debug("nemo_gym: no instrumentor takes the trace context off; setup_worker does")
+    except Exception:
+        logger.exception("nemo_gym: joining Ray tasks to their caller's trace failed")
 
 
 def _inherited(environ: Mapping[str, str], *, credentials: bool) -> dict[str, str]:

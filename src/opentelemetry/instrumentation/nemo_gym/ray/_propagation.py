@@ -9,22 +9,29 @@ user's ``__signature__``, and a worker whose switch is off fails the task inside
 So the context travels as one extra keyword argument, ``CARRIER``, that Ray serializes with
 the others, and only to a worker that takes it off again before the task runs:
 
-* **caller** (``install``): ``RemoteFunction._remote`` and ``ActorMethod._remote``, inside a
-  valid span, inject the current context (the global propagator: W3C ``traceparent``) and
-  mark the call; Ray's ``flatten_args``, called by both after it has checked the user's
-  arguments against the function's signature (and initialized Ray, if the call did), appends
+* **caller** (``RayPropagation(caller=True)``): ``RemoteFunction._remote`` and
+  ``ActorMethod._remote``, inside a valid span, inject the current context (the global
+  propagator: W3C ``traceparent``) and mark the call; Ray's ``flatten_args``, called by both
+  after it has checked the user's arguments against the function's signature (and
+  initialized Ray, if the call did), appends
   ``CARRIER`` to a marked call's arguments only when its worker runs ``setup_worker``: the
   task's own ``runtime_env`` sets Ray's setup-hook variable to ours, or the task sets none
   and the job's (or calling worker's, which a task inherits) does; for an actor method, the
-  actor was created so. A
-  task or actor without it, an actor created before ``install`` or whose handle came from
-  elsewhere (``ray.get_actor``, a handle passed in), cross-language and Ray-client calls get
-  nothing.
-* **worker** (``install_worker_side``, run by ``setup_worker`` before the first task):
-  ``FunctionActorManager.get_execution_info`` hands Ray the function to run wrapped; the
-  wrapper takes ``CARRIER`` out of the keywords and runs the task with the extracted context
-  attached (inside the coroutine for an ``async`` actor method; a generator's body runs
-  later, outside it, and starts its own trace).
+  actor was created so. A task or actor without it, an actor created before the patch was
+  installed or whose handle came from elsewhere (``ray.get_actor``, a handle passed in),
+  cross-language and Ray-client calls get nothing.
+* **worker** (``RayPropagation(worker=True)``, in a worker whose environment names
+  ``setup_worker`` as Ray's setup hook): ``FunctionActorManager.get_execution_info`` hands
+  Ray the function to run wrapped; the wrapper takes ``CARRIER`` out of the keywords and runs
+  the task with the extracted context attached (inside the coroutine for an ``async`` actor
+  method; a generator's body runs later, outside it, and starts its own trace).
+
+The instrumentor makes a ``RayPropagation`` in ``instrument()``, keeps it, and takes both
+sides off in ``uninstrument()``. ``setup_worker`` checks, once OpenTelemetry is configured,
+that a worker side is in place (``worker_side_in_place``); where no instrumentor put one there
+(``nemo_gym`` disabled in that worker, or OpenTelemetry's start failing before instrumentors
+load) it installs one of its own (``take_carrier_off_here``), since callers send the keyword
+to every worker that runs the hook.
 
 The task sees exactly the arguments it was given; its result, exception and cancellation are
 unchanged. A failure of ours is logged once and the call made as it would have been.
@@ -45,9 +52,13 @@ import wrapt
 from opentelemetry import context, propagate, trace
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch
+from opentelemetry.instrumentation.nemo_gym._shared._patching import (
+    Patch,
+    Wrapper,
+    is_live_wrapper,
+)
 
-__all__ = ["CARRIER", "install", "install_worker_side", "uninstall"]
+__all__ = ["CARRIER", "RayPropagation", "take_carrier_off_here", "worker_side_in_place"]
 
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
@@ -57,13 +68,13 @@ CARRIER: Final = "__nemo_gym_otel_context__"
 
 # Ray's modules: flatten_args is in ray._common.signature in Ray 2.60, in
 # ray._private.signature in older releases (where both exist, Ray calls one of them).
-_CALLER_MODULES: Final = (
+_RAY_CALLER_MODULES: Final = (
     "ray.remote_function",
     "ray.actor",
     "ray._common.signature",
     "ray._private.signature",
 )
-_WORKER_MODULES: Final = ("ray._private.function_manager",)
+_RAY_WORKER_MODULES: Final = ("ray._private.function_manager",)
 # Actors created here that run setup_worker, by actor id; bounded (a long-lived driver that
 # creates actors without end stops recording: their methods then carry nothing).
 _MAX_ACTORS: Final = 65536
@@ -86,9 +97,6 @@ class _CallerState:
         self.lock = threading.Lock()
         # The job's runtime_env as Ray holds it (a JSON string) and whether it runs our hook.
         self.job_env: tuple[str, bool] | None = None
-
-
-_STATE: _CallerState | None = None
 
 
 def _current_carrier() -> dict[str, str] | None:
@@ -116,9 +124,9 @@ def _job_runs_our_hook(state: _CallerState) -> bool:
 
 
 def _workers_can_take_it_off() -> bool:
-    """Whether this Ray has the method ``install_worker_side`` wraps (workers run the same
+    """Whether this Ray has the method the worker side wraps (workers run the same
     Ray release as their caller; Ray refuses a mismatch)."""
-    manager = getattr(sys.modules.get(_WORKER_MODULES[0]), "FunctionActorManager", None)
+    manager = getattr(sys.modules.get(_RAY_WORKER_MODULES[0]), "FunctionActorManager", None)
     return callable(getattr(manager, "get_execution_info", None))
 
 
@@ -141,11 +149,10 @@ def _carried_call(
 ) -> Any:
     """``wrapped(*args, **kwargs)`` with the current context pending for its flatten_args."""
     carrier = None
-    if _STATE is not None:
-        try:
-            carrier = _current_carrier()
-        except Exception as exc:  # noqa: BLE001 - the task is submitted whatever happens here
-            _ONCE(("inject", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
+    try:
+        carrier = _current_carrier()
+    except Exception as exc:  # noqa: BLE001 - the task is submitted whatever happens here
+        _ONCE(("inject", type(exc).__name__), logging.WARNING, "nemo_gym: %r", exc)
     if carrier is None:
         return wrapped(*args, **kwargs)
     token = _PENDING.set((carrier, worker_takes_it_off, what))
@@ -169,31 +176,31 @@ def _checked(what: str, decide: Callable[[], bool]) -> bool:
         return False
 
 
-def _remote_function_call(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    def worker_takes_it_off() -> bool:
-        state = _STATE
-        return state is not None and _task_runs_our_hook(state, kwargs.get("runtime_env"))
+def _remote_function_call(state: _CallerState) -> Wrapper:
+    def remote(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        def worker_takes_it_off() -> bool:
+            return _task_runs_our_hook(state, kwargs.get("runtime_env"))
 
-    return _carried_call(wrapped, args, kwargs, "task", worker_takes_it_off)
+        return _carried_call(wrapped, args, kwargs, "task", worker_takes_it_off)
+
+    return remote
 
 
-def _actor_method_call(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    def worker_takes_it_off() -> bool:
-        state = _STATE
-        handle = getattr(instance, "_actor", None)  # Ray 2.60; a weak reference before
-        if handle is None and callable(getattr(instance, "_actor_ref", None)):
-            handle = instance._actor_ref()
-        return (
-            state is not None
-            and handle is not None
-            and handle._ray_actor_id.binary() in state.hooked_actors
-        )
+def _actor_method_call(state: _CallerState) -> Wrapper:
+    def remote(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        def worker_takes_it_off() -> bool:
+            handle = getattr(instance, "_actor", None)  # Ray 2.60; a weak reference before
+            if handle is None and callable(getattr(instance, "_actor_ref", None)):
+                handle = instance._actor_ref()
+            return handle is not None and handle._ray_actor_id.binary() in state.hooked_actors
 
-    return _carried_call(wrapped, args, kwargs, "actor method", worker_takes_it_off)
+        return _carried_call(wrapped, args, kwargs, "actor method", worker_takes_it_off)
+
+    return remote
 
 
 def _record_actor(state: _CallerState, handle: Any, runtime_env: object) -> bool:
@@ -206,15 +213,17 @@ def _record_actor(state: _CallerState, handle: Any, runtime_env: object) -> bool
     return runs
 
 
-def _actor_creation(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    handle = wrapped(*args, **kwargs)
-    state = _STATE
-    # get_if_exists may hand back an actor created elsewhere, with another runtime_env.
-    if state is not None and not kwargs.get("get_if_exists"):
-        _checked("actor", lambda: _record_actor(state, handle, kwargs.get("runtime_env")))
-    return handle
+def _actor_creation(state: _CallerState) -> Wrapper:
+    def remote(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        handle = wrapped(*args, **kwargs)
+        # get_if_exists may hand back an actor created elsewhere, with another runtime_env.
+        if not kwargs.get("get_if_exists"):
+            _checked("actor", lambda: _record_actor(state, handle, kwargs.get("runtime_env")))
+        return handle
+
+    return remote
 
 
 def _flatten_with_carrier(
@@ -223,38 +232,26 @@ def _flatten_with_carrier(
     flattened = wrapped(*args, **kwargs)  # the user's arguments, checked as Ray checks them
     pending = _PENDING.get()
     if pending is not None and isinstance(flattened, list):
-        _PENDING.set(None)  # one task per _remote: nothing nested picks it up
+        # One task per _remote: nothing nested picks it up, and where two instrumentors'
+        # wrappers are stacked, the innermost adds the keyword and the others see none pending.
+        _PENDING.set(None)
         carrier, worker_takes_it_off, what = pending
-        if _checked(what, worker_takes_it_off):
+        if CARRIER not in flattened[0::2] and _checked(what, worker_takes_it_off):
             flattened += [CARRIER, carrier]
     return flattened
 
 
-def _apply_caller(patch: Patch, module: ModuleType) -> None:
-    if module.__name__ == "ray.remote_function":
-        patch.wrap(module.RemoteFunction, "_remote", _remote_function_call)
-    elif module.__name__ == "ray.actor":
-        patch.wrap(module.ActorMethod, "_remote", _actor_method_call)
-        patch.wrap(module.ActorClass, "_remote", _actor_creation)
-    elif callable(getattr(module, "flatten_args", None)):
-        patch.wrap(module, "flatten_args", _flatten_with_carrier)
+def _caller_applier(state: _CallerState) -> Callable[[Patch, ModuleType], None]:
+    def apply(patch: Patch, module: ModuleType) -> None:
+        if module.__name__ == "ray.remote_function":
+            patch.wrap(module.RemoteFunction, "_remote", _remote_function_call(state))
+        elif module.__name__ == "ray.actor":
+            patch.wrap(module.ActorMethod, "_remote", _actor_method_call(state))
+            patch.wrap(module.ActorClass, "_remote", _actor_creation(state))
+        elif callable(getattr(module, "flatten_args", None)):
+            patch.wrap(module, "flatten_args", _flatten_with_carrier)
 
-
-_CALLER = Patch(_CALLER_MODULES, _apply_caller, _ONCE)
-
-
-def install(runs_our_hook: RunsOurHook) -> None:
-    """Carry the trace context into tasks and actor methods started from this process."""
-    global _STATE
-    _STATE = _CallerState(runs_our_hook)
-    _CALLER.install()
-
-
-def uninstall() -> None:
-    """Stop carrying it; calls are made exactly as without the plugin."""
-    global _STATE
-    _CALLER.uninstall()
-    _STATE = None
+    return apply
 
 
 # --- the worker's side -----------------------------------------------------------------
@@ -314,9 +311,59 @@ def _apply_worker(patch: Patch, module: ModuleType) -> None:
     patch.wrap(module.FunctionActorManager, "get_execution_info", _execution_info)
 
 
-_WORKER = Patch(_WORKER_MODULES, _apply_worker, _ONCE)
+def _worker_patch() -> Patch:
+    return Patch(_RAY_WORKER_MODULES, _apply_worker, _ONCE)
 
 
-def install_worker_side() -> None:
-    """Take ``CARRIER`` off every task this worker runs and run it in that context."""
-    _WORKER.install()
+def worker_side_in_place() -> bool:
+    """Whether a live wrapper of ours takes ``CARRIER`` off the tasks this process runs: a
+    read of Ray's ``FunctionActorManager`` (``False`` where Ray's module is not imported)."""
+    manager = getattr(sys.modules.get(_RAY_WORKER_MODULES[0]), "FunctionActorManager", None)
+    node = vars(manager).get("get_execution_info") if isinstance(manager, type) else None
+    for _ in range(16):  # bounded: wrapper chains are short
+        if node is None:
+            return False
+        if is_live_wrapper(node, _execution_info):
+            return True
+        node = getattr(node, "__wrapped__", None)
+    return False
+
+
+class RayPropagation:
+    """One instrumentor's Ray patches: the caller's side (``caller=True``) and, in a Ray worker
+    whose callers send ``CARRIER`` (``worker=True``), the worker's side.
+
+    Made by ``instrument()``, kept on the instrumentor, and taken off by its
+    ``uninstrument()``: ``install()`` and ``uninstall()`` are idempotent and never raise for a
+    missing Ray (its modules are patched when imported).
+    """
+
+    def __init__(self, runs_our_hook: RunsOurHook, *, caller: bool, worker: bool) -> None:
+        self.caller = (
+            Patch(_RAY_CALLER_MODULES, _caller_applier(_CallerState(runs_our_hook)), _ONCE)
+            if caller
+            else None
+        )
+        self.worker = _worker_patch() if worker else None
+
+    def install(self) -> None:
+        for patch in (self.worker, self.caller):
+            if patch is not None:
+                patch.install()
+
+    def uninstall(self) -> None:
+        for patch in (self.caller, self.worker):
+            if patch is not None:
+                patch.uninstall()
+
+
+def take_carrier_off_here() -> Patch | None:
+    """Where no instrumentor took ``CARRIER`` off the tasks of this Ray worker (``nemo_gym``
+    disabled here, or OpenTelemetry's start failing before instrumentors load), a worker side
+    that nobody uninstalls, so a task its caller sent the context to still gets exactly its
+    own arguments; ``None`` where one is in place. Called by ``setup_worker``."""
+    if worker_side_in_place():
+        return None
+    patch = _worker_patch()
+    patch.install()
+    return patch

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,14 +28,7 @@ from typing import Any, Protocol
 from opentelemetry import metrics, trace
 
 from opentelemetry.instrumentation.nemo_gym._shared import _exporting, _names
-from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
-from opentelemetry.instrumentation.nemo_gym._shared._settings import (
-    DEFAULT_INTERVAL_S,
-    MIN_INTERVAL_S,
-)
-from opentelemetry.instrumentation.nemo_gym.environment_variables import (
-    OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL,
-)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import sandbox_resource_interval
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import Attribute
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import SandboxFleetMetrics
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
@@ -138,48 +130,6 @@ class SandboxRegistry:
     def of_provider(self, provider_id: int) -> list[tuple[SandboxKey, SandboxEntry]]:
         """The open sandboxes created through the provider object with this ``id()``."""
         return [(k, e) for k, e in self._entries.items() if e.provider_id == provider_id]
-
-
-_ENVIRONMENT = OnceLog(logger)
-
-
-def interval_from_environment() -> float:
-    """``OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL`` in seconds (default 10; 0 is off).
-
-    A value that is not a finite number >= 0 is logged once, naming the variable and the
-    value, and the default is used; a positive value below ``MIN_INTERVAL_S`` is logged once
-    and raised to it.
-    """
-    name = OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not (0 <= value < math.inf):
-        _ENVIRONMENT(
-            raw,
-            logging.WARNING,
-            "%s=%s is not a finite number >= 0; using the default %r",
-            name,
-            shown_value(raw),
-            DEFAULT_INTERVAL_S,
-        )
-        return DEFAULT_INTERVAL_S
-    if 0 < value < MIN_INTERVAL_S:
-        _ENVIRONMENT(
-            raw,
-            logging.WARNING,
-            "%s=%s is below the floor of %g s; sampling every %g s",
-            name,
-            shown_value(raw),
-            MIN_INTERVAL_S,
-            MIN_INTERVAL_S,
-        )
-        return MIN_INTERVAL_S
-    return value
 
 
 def _checked_interval(interval_s: object) -> float | None:
@@ -303,7 +253,7 @@ class SandboxState:
         """The configured sampling interval, before asking whether anything is exported."""
         if self._interval_s is not None:
             return self._interval_s
-        return interval_from_environment()
+        return sandbox_resource_interval()
 
     def exporting(self) -> bool:
         """Whether this state's tracer provider sends spans anywhere besides our processor."""

@@ -23,7 +23,7 @@ the instrumentor's state: the stamping span processor on its tracer provider and
 provider classes (this package's entry points in NeMo Gym's provider group) traced
 (``set_auto_trace``); ``disable()`` undoes both and turns the state off.
 ``wrapping_for(state)`` is what the instrumentor passes to the NeMo Gym hook
-(``integrations.nemo_gym._providers.install``) so every provider NeMo Gym builds is traced
+(``integrations.nemo_gym._providers.provider_patch``) so every provider NeMo Gym builds is traced
 with that state. The traced calls themselves, shared by wrappers and auto-traced classes, live
 in ``_calls``.
 

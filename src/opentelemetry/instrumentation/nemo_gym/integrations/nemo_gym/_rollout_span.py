@@ -3,8 +3,8 @@
 ``gym eval run`` (and ``ng_collect_rollouts``) sends each rollout as one ``POST /run`` to the
 agent through ``nemo_gym.server_utils.ServerClient``, with the task's row as the JSON body.
 NeMo Gym stamps that row with ``_ng_task_index`` (which input task) and ``_ng_rollout_index``
-(which repeat of it, from 0). While ``install()`` is in effect, each such request runs inside
-a span ``rollout`` carrying both, and the agent's name:
+(which repeat of it, from 0). While the instrumentor's ``rollout_patch()`` is installed, each
+such request runs inside a span ``rollout`` carrying both, and the agent's name:
 
 * ``nemo.gym.rollout.task_index``, ``nemo.gym.rollout.rollout_index`` (ints, as NeMo Gym
   wrote them in the row; the same pair names the rollout in NeMo Gym's output file);
@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
-from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
+from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, Wrapper, methods_of
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 __all__ = [
@@ -42,9 +42,8 @@ __all__ = [
     "ATTR_ROLLOUT_INDEX",
     "ATTR_TASK_INDEX",
     "SPAN_NAME",
-    "install",
-    "installed",
-    "uninstall",
+    "rollout_attributes",
+    "rollout_patch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -60,10 +59,9 @@ ATTR_AGENT: Final = "nemo.gym.rollout.agent"
 _TASK_INDEX_KEY: Final = "_ng_task_index"
 _ROLLOUT_INDEX_KEY: Final = "_ng_rollout_index"
 _RUN_PATH: Final = "/run"
+_MODULE: Final = "nemo_gym.server_utils"
 
 _T = TypeVar("_T")
-
-_TRACER_PROVIDER: trace.TracerProvider | None = None  # None: the global one, at each rollout
 
 
 def _index(row: dict[Any, Any], key: str) -> int | None:
@@ -92,8 +90,10 @@ def rollout_attributes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[st
     return attributes
 
 
-def _start(attributes: dict[str, Any]) -> tuple[Span, Token[Context]]:
-    tracer = trace.get_tracer(_names.TRACER_NAME, __version__, tracer_provider=_TRACER_PROVIDER)
+def _start(
+    tracer_provider: trace.TracerProvider | None, attributes: dict[str, Any]
+) -> tuple[Span, Token[Context]]:
+    tracer = trace.get_tracer(_names.TRACER_NAME, __version__, tracer_provider=tracer_provider)
     span = tracer.start_span(SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attributes)
     return span, context.attach(trace.set_span_in_context(span))
 
@@ -109,9 +109,13 @@ def _end(span: Span, token: Token[Context], error: Exception | None) -> None:
         _ONCE(("end", type(exc).__name__), logging.WARNING, "nemo_gym: rollout span: %r", exc)
 
 
-async def _in_rollout_span(call: Callable[[], Awaitable[_T]], attributes: dict[str, Any]) -> _T:
+async def _in_rollout_span(
+    call: Callable[[], Awaitable[_T]],
+    tracer_provider: trace.TracerProvider | None,
+    attributes: dict[str, Any],
+) -> _T:
     try:
-        span, token = _start(attributes)
+        span, token = _start(tracer_provider, attributes)
     except Exception as exc:  # noqa: BLE001 - the rollout runs without its span
         _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: rollout span: %r", exc)
         return await call()
@@ -126,45 +130,38 @@ async def _in_rollout_span(call: Callable[[], Awaitable[_T]], attributes: dict[s
         _end(span, token, error)
 
 
-def _wrapper(
-    wrapped: Callable[..., Awaitable[Any]],
-    instance: object,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Awaitable[Any]:
-    """Run ``ServerClient.request`` inside a rollout span when it posts a rollout."""
-    if not _PATCH.active:
-        return wrapped(*args, **kwargs)
-    try:
-        attributes = rollout_attributes(args, kwargs)
-    except Exception as exc:  # noqa: BLE001 - an unnamed request is still made
-        _ONCE(("read", type(exc).__name__), logging.WARNING, "nemo_gym: rollout: %r", exc)
-        attributes = None
-    if attributes is None:
-        return wrapped(*args, **kwargs)
-    return _in_rollout_span(lambda: wrapped(*args, **kwargs), attributes)
+def _wrapper_on(tracer_provider: trace.TracerProvider | None) -> Wrapper:
+    """The wrapper of ``ServerClient.request`` whose rollout spans go to ``tracer_provider``
+    (``None``: the global one, looked up at each rollout)."""
+
+    def in_rollout_span(
+        wrapped: Callable[..., Awaitable[Any]],
+        instance: object,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Awaitable[Any]:
+        """Run ``ServerClient.request`` inside a rollout span when it posts a rollout."""
+        try:
+            attributes = rollout_attributes(args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - an unnamed request is still made
+            _ONCE(("read", type(exc).__name__), logging.WARNING, "nemo_gym: rollout: %r", exc)
+            attributes = None
+        if attributes is None:
+            return wrapped(*args, **kwargs)
+        return _in_rollout_span(lambda: wrapped(*args, **kwargs), tracer_provider, attributes)
+
+    return in_rollout_span
 
 
-# ``request`` only: ``get`` and ``post`` call it, so a rollout gets exactly one span.
-_PATCH = Patch(
-    ("nemo_gym.server_utils",), methods_of("ServerClient", ("request",), _wrapper, _ONCE), _ONCE
-)
-
-
-def install(tracer_provider: trace.TracerProvider | None = None) -> None:
-    """Give each rollout ``ServerClient`` posts a span from now on (on ``tracer_provider``,
-    default the global one at each rollout); idempotent, never raises for a missing or
-    different ``nemo_gym``."""
-    global _TRACER_PROVIDER
-    _TRACER_PROVIDER = tracer_provider
-    _PATCH.install()
-
-
-def uninstall() -> None:
-    """Restore ``ServerClient.request`` where our wrapper still sits; idempotent."""
-    _PATCH.uninstall()
-
-
-def installed() -> bool:
-    """Whether ``install`` is in effect."""
-    return _PATCH.active
+def rollout_patch(tracer_provider: trace.TracerProvider | None = None) -> Patch:
+    """A new ``Patch`` that gives each rollout ``ServerClient`` posts a span while installed,
+    on ``tracer_provider`` (default the global one at each rollout); the instrumentor makes
+    one per ``instrument()``. ``install()`` never raises for a missing or different
+    ``nemo_gym``; ``uninstall()`` restores ``ServerClient.request`` where our wrapper still
+    sits."""
+    # ``request`` only: ``get`` and ``post`` call it, so a rollout gets exactly one span.
+    return Patch(
+        (_MODULE,),
+        methods_of("ServerClient", ("request",), _wrapper_on(tracer_provider), _ONCE),
+        _ONCE,
+    )

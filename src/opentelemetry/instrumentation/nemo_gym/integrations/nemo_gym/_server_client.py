@@ -3,14 +3,15 @@
 NeMo Gym servers call each other through ``nemo_gym.server_utils.ServerClient``:
 ``request(server_name, url_path, method, ...)`` and its ``get``/``post`` shorthands, all going
 through the process's global aiohttp client (a plain ``TCPConnector``, so timed by the
-connector patch). While ``install()`` is in effect, each of those calls runs with
-``set_server_name(server_name)``, so its queue waits and connects carry the NeMo Gym server
-name as ``nemo.gym.http.destination.server.name`` instead of ``external``. The application
-sees no difference: arguments, results, exceptions and cancellation pass through unchanged.
+connector patch). While the instrumentor's ``label_patch()`` is installed, each of those
+calls runs with ``set_server_name(server_name)``, so its queue waits and connects carry the
+NeMo Gym server name as ``nemo.gym.http.destination.server.name`` instead of ``external``.
+The application sees no difference: arguments, results, exceptions and cancellation pass
+through unchanged.
 
 ``server_utils`` imports a heavy stack (ray, fastapi, wandb, ...), so nothing here imports
 it: a post-import hook patches ``ServerClient`` when the application imports it, or at once
-if it already has. ``uninstall()`` restores the methods exactly.
+if it already has. Uninstalling the patch restores the methods exactly.
 
 ``capacity_workers()`` is the worker count for the capacity report: the
 ``OTEL_PYTHON_NEMO_GYM_WORKERS`` variable when set, else NeMo Gym's own
@@ -36,14 +37,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     set_server_name,
 )
 
-__all__ = [
-    "MODULE",
-    "capacity_workers",
-    "install",
-    "installed",
-    "nemo_gym_worker_count",
-    "uninstall",
-]
+__all__ = ["MODULE", "capacity_workers", "label_patch", "nemo_gym_worker_count"]
 
 logger = logging.getLogger(__name__)
 _ONCE = OnceLog(logger)
@@ -90,24 +84,12 @@ def _wrapper(
     return _labelled(lambda: wrapped(*args, **kwargs), server_name)
 
 
-_PATCH = Patch((MODULE,), methods_of(_CLASS, _METHODS, _wrapper, _ONCE), _ONCE)
-
-
-def install() -> None:
-    """Label ``ServerClient`` requests by target server from now on; idempotent, never raises
-    for a missing or different ``nemo_gym``."""
-    _PATCH.install()
-
-
-def uninstall() -> None:
-    """Restore ``ServerClient``'s methods where our wrappers still sit; idempotent. A hook
-    still pending for a module not yet imported does nothing."""
-    _PATCH.uninstall()
-
-
-def installed() -> bool:
-    """Whether ``install`` is in effect."""
-    return _PATCH.active
+def label_patch() -> Patch:
+    """A new ``Patch`` that labels ``ServerClient`` requests by target server while installed
+    (the instrumentor makes one per ``instrument()`` and keeps it); ``install()`` never raises
+    for a missing or different ``nemo_gym``, ``uninstall()`` restores the methods where our
+    wrappers still sit."""
+    return Patch((MODULE,), methods_of(_CLASS, _METHODS, _wrapper, _ONCE), _ONCE)
 
 
 def nemo_gym_worker_count() -> int | None:
