@@ -10,7 +10,10 @@
 #   bash scripts/fresh-debian-check.sh [--unprivileged] [--log FILE]
 #
 # Needs root, mmdebstrap and podman on the machine, and the network to reach Debian's mirror
-# (DEBIAN_MIRROR, default http://deb.debian.org/debian) and the package index.
+# (DEBIAN_MIRROR, default http://deb.debian.org/debian) and the package index. The machine's
+# own local certificate authorities (/usr/local/share/ca-certificates/*.crt, for example a
+# TLS-intercepting proxy's between this machine and the index) are trusted in the container too
+# (update-ca-certificates, as its administrator would on a fresh machine behind that proxy).
 # By default the container is --privileged, as root on a fresh machine is: it may make cgroups
 # (the quickstart's sandbox limits and OOM kill) and namespaces (bubblewrap's isolation).
 # --unprivileged runs it as an ordinary container, where neither works: the quickstart then
@@ -47,11 +50,17 @@ rm -f "$work/rootfs.tar"
 echo "== root filesystem built and imported in ${SECONDS} s"
 git clone --quiet --no-hardlinks "$PWD" "$work/clone"
 echo "== the clone: $(git -C "$work/clone" log -1 --format='%h %s')"
+local_cas=()
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  local_cas=(--volume /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
+  echo "== trusting this machine's local CAs: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+fi
 echo "== podman run --rm ${privileged[*]:-(unprivileged)}"
 
 # Each command's output, then one line with its exit status and wall time.
-podman run --rm "${privileged[@]}" --volume "$work/clone:/root/clone" --workdir /root/clone \
+podman run --rm "${privileged[@]}" "${local_cas[@]}" --volume "$work/clone:/root/clone" --workdir /root/clone \
   --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
+    update-ca-certificates >/dev/null 2>&1
     echo "$(. /etc/os-release; echo "$PRETTY_NAME") (Debian $(cat /etc/debian_version)), $(python3 --version)"
     status=0
     for command in "bash scripts/quickstart.sh" "bash scripts/test.sh"; do

@@ -96,6 +96,9 @@ MUST_SHOW = {
         "Pool state at saturation",
         "What to do:",
         "nemo-gym-otel capacity",
+        "== 2. A sandbox: what it asked for, what it got, what it used ==",
+        "  requested       0.25         32  the spec (SandboxSpec)",
+        "Usage samples (sandbox.resources records)",
     ),
     "examples/quickstart.py": (
         QUEUE_METRIC,
