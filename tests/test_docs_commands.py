@@ -73,6 +73,10 @@ NOT_RUN_HERE = {
     ),
     "bash scripts/test.sh": _RECURSES,
     "bash scripts/test.sh -x -q": _RECURSES,
+    "bash scripts/fresh-debian-check.sh --log fresh-run.txt": (
+        "it builds a Debian root filesystem and runs the README's commands in Podman, minutes "
+        "of work run by hand (CONTRIBUTING.md), not by the suite it runs"
+    ),
     "CI=true bash .ci/run": (
         "it is CI itself (installs Debian packages, starts Podman, and runs this suite)"
     ),
