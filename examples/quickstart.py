@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     instrumentor = NemoGymInstrumentor()
     # Under opentelemetry-instrument the entry point has already instrumented this process.
     if not instrumentor.is_instrumented_by_opentelemetry:
-        # This example is about the pool: no sandboxes, so no sandbox telemetry.
+        # The pool half needs the pool capability only; the sandbox half traces its provider
+        # itself (traced_provider, with an SDK of its own).
         instrumentor.instrument(sandbox_resources=False)
 
     print("\n== 1. The connection pool: is my latency the server, or my own pool? ==")

@@ -224,6 +224,12 @@ ISOLATION = {
     "none": "none: commands run as this user, seeing its files and network",
 }
 
+SAMPLE_LEGEND = """\
+cpu time s: CPU seconds used so far; throttled s: time held back by the cpu limit; memory MiB:
+in use now; peak MiB: the most so far; pids: processes running; oom kills: processes the
+kernel killed for memory; source: where the figures come from (the cgroup, or /proc without
+one). A sample leaves out the figures unchanged since the one before: carried forward here."""
+
 
 def labelled(label: str, text: str) -> list[str]:
     """``text`` wrapped under a label of the report's left column."""
@@ -246,9 +252,13 @@ def report(run: SandboxRun) -> list[str]:
     enforced = source.startswith("cgroup")
     isolation = str(create.get(PREFIX + "isolation", "none"))
     lines = [
-        f"A sandbox asks for {CPU:g} CPU and {MEMORY_MIB} MiB; in it, a CPU loop for {LOOP_S:g} s,",
-        f"then a command that allocates {ALLOCATE_MIB} MiB. Records every {INTERVAL_S:g} s "
-        "(10 s unless set otherwise).",
+        *textwrap.wrap(
+            f"A sandbox asks for {CPU:g} CPU and {MEMORY_MIB} MiB, runs a CPU loop for "
+            f"{LOOP_S:g} s, then a command that allocates {ALLOCATE_MIB} MiB, and is closed. "
+            f"Its usage is sampled every {INTERVAL_S:g} s here (deployments: every 10 s, "
+            "OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL).",
+            width=92,
+        ),
         "",
     ]
     if run.isolation_failure is None:
@@ -296,7 +306,7 @@ def report(run: SandboxRun) -> list[str]:
         cells = "  ".join(f"{number(figures.get(key)):>11}" for _, key in SAMPLE_COLUMNS)
         when = "final" if final else f"{since:.1f}"
         lines.append(f"  {when:>6}  {cells}  {figures.get('usage.source', '-')}")
-    lines += ["", *oom_story(run, enforced)]
+    lines += ["", *SAMPLE_LEGEND.splitlines(), "", *oom_story(run, enforced)]
     return lines
 
 
