@@ -7,7 +7,7 @@
 # as root in the container and prints each one's output, exit status and wall time. Exits 1 if
 # either fails. Not part of .ci/run (it takes several minutes: see CONTRIBUTING.md).
 #
-#   bash scripts/fresh-debian-check.sh [--unprivileged] [--log FILE]
+#   bash scripts/fresh-debian-check.sh [--unprivileged] [--quickstart-only] [--log FILE]
 #
 # Needs root, mmdebstrap and podman on the machine, and the network to reach Debian's mirror
 # (DEBIAN_MIRROR, default http://deb.debian.org/debian) and the package index. The machine's
@@ -17,16 +17,23 @@
 # By default the container is --privileged, as root on a fresh machine is: it may make cgroups
 # (the quickstart's sandbox limits and OOM kill) and namespaces (bubblewrap's isolation).
 # --unprivileged runs it as an ordinary container, where neither works: the quickstart then
-# says what is missing and shows what it can. --log FILE also writes the whole run to FILE.
+# says what is missing and shows what it can. --quickstart-only leaves out the tests.
+# --log FILE also writes the whole run to FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 privileged=(--privileged)
+commands='"bash scripts/quickstart.sh" "bash scripts/test.sh"'
 log=/dev/null
 while [ $# -gt 0 ]; do
   case "$1" in
     --unprivileged) privileged=() ;;
+    --quickstart-only) commands='"bash scripts/quickstart.sh"' ;;
     --log) log="${2:?--log needs a file}"; shift ;;
-    *) echo "usage: bash scripts/fresh-debian-check.sh [--unprivileged] [--log FILE]" >&2; exit 2 ;;
+    *)
+      echo "usage: bash scripts/fresh-debian-check.sh [--unprivileged] [--quickstart-only]" \
+        "[--log FILE]" >&2
+      exit 2
+      ;;
   esac
   shift
 done
@@ -58,12 +65,13 @@ fi
 echo "== podman run --rm ${privileged[*]:-(unprivileged)}"
 
 # Each command's output, then one line with its exit status and wall time.
-podman run --rm "${privileged[@]}" "${local_cas[@]}" --volume "$work/clone:/root/clone" --workdir /root/clone \
-  --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
+status=0
+podman run --rm "${privileged[@]}" "${local_cas[@]}" --volume "$work/clone:/root/clone" \
+  --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
     update-ca-certificates >/dev/null 2>&1
     echo "$(. /etc/os-release; echo "$PRETTY_NAME") (Debian $(cat /etc/debian_version)), $(python3 --version)"
     status=0
-    for command in "bash scripts/quickstart.sh" "bash scripts/test.sh"; do
+    for command in '"$commands"'; do
       echo; echo "== $ $command"
       start=$(date +%s)
       code=0
@@ -72,4 +80,6 @@ podman run --rm "${privileged[@]}" "${local_cas[@]}" --volume "$work/clone:/root
       [ "$code" -eq 0 ] || status=1
     done
     exit "$status"
-  '
+  ' || status=$?
+echo "== fresh Debian 12 check: $([ "$status" -eq 0 ] && echo passed || echo FAILED), ${SECONDS} s in all"
+exit "$status"
