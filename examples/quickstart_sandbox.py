@@ -209,6 +209,12 @@ def samples(run: SandboxRun) -> list[tuple[float, bool, dict[str, Any]]]:
     return rows
 
 
+def isolation_of(run: SandboxRun) -> str:
+    """The isolation level the records carry (``none`` from a provider that records none)."""
+    levels = {attributes(s).get(PREFIX + "isolation") for s in run.spans} - {None}
+    return ", ".join(sorted(str(level) for level in levels)) or "none"
+
+
 def number(value: Any) -> str:
     if value is None:
         return "-"
@@ -250,7 +256,7 @@ def report(run: SandboxRun) -> list[str]:
     limits = PREFIX + "allocation.component.sandbox.limits."
     source = str(given.get(PREFIX + "allocation.source"))
     enforced = source.startswith("cgroup")
-    isolation = str(create.get(PREFIX + "isolation", "none"))
+    isolation = isolation_of(run)
     lines = [
         *textwrap.wrap(
             f"A sandbox asks for {CPU:g} CPU and {MEMORY_MIB} MiB, runs a CPU loop for "
