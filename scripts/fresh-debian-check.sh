@@ -66,8 +66,10 @@ echo "== podman run --rm ${privileged[*]:-(unprivileged)}"
 
 # Each command's output, then one line with its exit status and wall time.
 status=0
-podman run --rm "${privileged[@]}" "${local_cas[@]}" --volume "$work/clone:/root/clone" \
-  --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
+# --cgroupns=private: the container's cgroups are its own tree, rooted at /, as on a machine
+# (Podman's default on a cgroup v1 host shares the host's view in /proc/<pid>/cgroup).
+podman run --rm "${privileged[@]}" --cgroupns=private "${local_cas[@]}" \
+  --volume "$work/clone:/root/clone" --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
     update-ca-certificates >/dev/null 2>&1
     echo "$(. /etc/os-release; echo "$PRETTY_NAME") (Debian $(cat /etc/debian_version)), $(python3 --version)"
     status=0
