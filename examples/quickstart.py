@@ -10,9 +10,15 @@ requests until then), and the TCP connections created against the pool acquisiti
 pool's capacity report against the phases' peak concurrency, and what to do about it: which
 limit to raise to what, and the command that checks the new sizing.
 
+Then the other half, sandboxes (``quickstart_sandbox.py`` beside this file): one sandbox of the
+embedded provider, no daemon, asks for 0.25 CPU and 32 MiB, runs a CPU loop and an allocation
+that is OOM-killed, and its records are printed: requested, allocated, usage samples over time,
+the OOM kill, and what to do about it.
+
 Run it as is (an embedded OpenTelemetry SDK with an in-memory reader is used), or under
-``opentelemetry-instrument`` with no code change: the metrics then also go wherever that
-configured (for example ``--metrics_exporter console``, printed when the process exits).
+``opentelemetry-instrument`` with no code change: the pool's metrics then also go wherever that
+configured (for example ``--metrics_exporter console``, printed when the process exits); the
+sandbox half keeps an embedded SDK of its own, so its printout is complete either way.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     reset_server_name,
     set_server_name,
 )
+
+# The sandbox half, beside this file (python puts this script's folder on sys.path).
+import quickstart_sandbox  # isort: skip
 
 QUEUE_METRIC = "gym.http.connection_pool.queue_duration_ms"
 CONNECT_METRIC = "gym.http.connection_pool.connect_total"
@@ -469,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=12, help="the pool's total limit")
     parser.add_argument("--limit-per-host", type=int, default=8, help="the pool's per-host limit")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="server handler time")
+    parser.add_argument(
+        "--no-sandbox", action="store_true", help="the pool half only, without the sandbox half"
+    )
     args = parser.parse_args(argv)
     if args.requests < 4:
         parser.error(f"--requests={args.requests}: send at least 4 (one per phase and kind)")
@@ -499,9 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     instrumentor = NemoGymInstrumentor()
     # Under opentelemetry-instrument the entry point has already instrumented this process.
     if not instrumentor.is_instrumented_by_opentelemetry:
-        # This example is about the pool: no sandboxes, so no sandbox telemetry.
+        # The pool half needs the pool capability only; the sandbox half traces its provider
+        # itself (traced_provider, with an SDK of its own).
         instrumentor.instrument(sandbox_resources=False)
 
+    print("\n== 1. The connection pool: is my latency the server, or my own pool? ==")
     bursts = asyncio.run(
         run_bursts(args.limit, args.limit_per_host, plan, args.delay_ms / 1000, reader)
     )
@@ -539,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool_logger.removeHandler(counter)
     print_what_to_do(args, plan, counter.warnings)
+    if not args.no_sandbox:
+        print("\n== 2. A sandbox: what it asked for, what it got, what it used ==\n")
+        print("\n".join(quickstart_sandbox.report(asyncio.run(quickstart_sandbox.run_demo()))))
     return 0
 
 

@@ -44,11 +44,13 @@ else
 fi
 # The key: what the shared virtualenv holds. Bump recipe when the installation below changes.
 recipe=1
-key="$(echo "recipe=$recipe python=$python $("$python" -VV) $source_id" | sha256sum | cut -c1-12)"
+# constraints.txt (the OpenTelemetry releases every install here takes) is part of the key too.
+constraints_id="constraints sha256=$(sha256sum constraints.txt | cut -d' ' -f1)"
+key="$(echo "recipe=$recipe python=$python $("$python" -VV) $source_id $constraints_id" | sha256sum | cut -c1-12)"
 cache="${NEMO_GYM_OTEL_CACHE:-$HOME/.cache/nemo-gym-otel}"
 base_dir="$cache/main-$key"
 base="$base_dir/venv"
-pip_flags=(-q --disable-pip-version-check --ignore-requires-python)
+pip_flags=(-q --disable-pip-version-check --ignore-requires-python -c constraints.txt)
 
 mkdir -p "$cache"
 # One builder at a time per key (two checkouts or CI runs on one machine).

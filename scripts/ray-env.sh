@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv-ray}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt)
 "${pip[@]}" --upgrade pip  # the venv's own pip gives up on the test extra (scripts/test.sh)
 "${pip[@]}" -e '.[test]'
 # Ray and the OTLP exporter ask for the newest OpenTelemetry packages, and pip's resolver then

@@ -7,6 +7,7 @@
 #   AIOHTTP_SPEC='aiohttp==3.10.11'   pin aiohttp in that virtualenv (CI's lowest-version run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pip-install.sh  # pip_install: constraints.txt's releases; pip's reason on failure
 venv="${VENV:-.venv}"
 python="${PYTHON:-python3}"
 if ! "$python" -c '' 2>/dev/null; then
@@ -23,20 +24,20 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     exit 1
   }
 fi
-# A current pip first: the pip a venv starts with (23.2 from Python 3.11.7) gives up with
-# ResolutionImpossible on the test extra, backtracking over opentelemetry-* releases that were
-# never published together, where a current resolver finds the one consistent set.
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
+# A current pip first (a venv starts with its Python's: 23.2 in 3.11.7), then everything with
+# constraints.txt's OpenTelemetry releases: without them pip gives up with ResolutionImpossible
+# whenever the registry holds contrib packages a release apart.
+pip_install "$venv/bin/python" --upgrade pip
+pip_install "$venv/bin/python" -e '.[test]' ${AIOHTTP_SPEC:+"$AIOHTTP_SPEC"}
 # The pressure extra's process metrics, at the release of the opentelemetry-instrumentation just
 # installed (pyproject.toml's test extra says why it is not listed there).
-"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+pip_install "$venv/bin/python" \
   "opentelemetry-instrumentation-system-metrics==$("$venv/bin/python" -c \
     'import importlib.metadata as m; print(m.version("opentelemetry-instrumentation"))')"
 # NeMo Gym's sandbox API, which the tests run our hook and providers against
 # (last: pip's check after a later install would list the wheel's missing dependencies). The wheel
 # asks for Python 3.12 and a heavy stack, but its nemo_gym.sandbox package needs only the standard
 # library, so it is installed alone (tests needing more use scripts/nemo-gym-server-env.sh).
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
+pip_install "$venv/bin/python" --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
 exec "$venv/bin/python" -m pytest "$@"

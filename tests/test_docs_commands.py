@@ -73,6 +73,10 @@ NOT_RUN_HERE = {
     ),
     "bash scripts/test.sh": _RECURSES,
     "bash scripts/test.sh -x -q": _RECURSES,
+    "bash scripts/fresh-debian-check.sh --log /tmp/fresh-run.txt": (
+        "it builds a Debian root filesystem and runs the README's commands in Podman, minutes "
+        "of work run by hand (CONTRIBUTING.md), not by the suite it runs"
+    ),
     "CI=true bash .ci/run": (
         "it is CI itself (installs Debian packages, starts Podman, and runs this suite)"
     ),
@@ -96,6 +100,9 @@ MUST_SHOW = {
         "Pool state at saturation",
         "What to do:",
         "nemo-gym-otel capacity",
+        "== 2. A sandbox: what it asked for, what it got, what it used ==",
+        "  requested       0.25         32  the spec (SandboxSpec)",
+        "Usage samples (sandbox.resources records)",
     ),
     "examples/quickstart.py": (
         QUEUE_METRIC,

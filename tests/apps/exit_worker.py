@@ -10,6 +10,7 @@ handler of the application's own first, which prints ``APP SIGTERM`` and exits w
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 
@@ -45,7 +46,10 @@ async def main() -> None:
     finally:
         reset_server_name(token)
         await runner.cleanup()
-    print(json.dumps({"connector": connector, "connects": args.requests}), flush=True)
+    # One raw write, not print: the test signals as soon as the line arrives, and a handler
+    # that prints while print's buffered stdout is mid-write fails ("reentrant call").
+    line = json.dumps({"connector": connector, "connects": args.requests}) + "\n"
+    os.write(sys.stdout.fileno(), line.encode())
     sys.stdin.readline()  # a signal's handler runs here, in the main thread
 
 
