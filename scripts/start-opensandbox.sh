@@ -124,7 +124,8 @@ if [ "$mode" = stop ]; then
   else
     log "no OpenSandbox server started from $STATE_DIR is running"
   fi
-  rm -f "$PID_FILE" "$IDENTITY_FILE" "$PORT_FILE"
+  # server.env stays: a later start takes the same port where it is free.
+  rm -f "$PID_FILE" "$IDENTITY_FILE"
   exit 0
 fi
 
@@ -225,8 +226,25 @@ if pid="$(our_server)"; then
   fi
 fi
 if ! our_server >/dev/null; then
+  # The port this state folder's server had before, where it is free (the sandboxes and SDK
+  # objects made against it keep their domain across a restart), else a free one.
+  previous="$(sed -n 's/^OPENSANDBOX_DOMAIN=127.0.0.1://p' "$PORT_FILE" 2>/dev/null || true)"
   rm -f "$PID_FILE" "$IDENTITY_FILE" "$PORT_FILE"
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  port="$(python3 - "${previous:-0}" <<'PY'
+import socket
+import sys
+
+probe = socket.socket()
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    probe.bind(("127.0.0.1", int(sys.argv[1])))
+except (OSError, ValueError):
+    probe.close()
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+print(probe.getsockname()[1])
+PY
+)"
   # The key goes into the configuration from its file, never through an argument.
   {
     echo '[server]'
