@@ -27,20 +27,35 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import O
 IMAGE = "localhost/nemo-gym-busybox:latest"
 
 
-async def _row(label: str, provider: OpenSandboxProvider, handle: object, reader: OpenSandboxReader) -> None:
+async def _row(
+    label: str, provider: OpenSandboxProvider, handle: object, reader: OpenSandboxReader
+) -> None:
     metrics = await handle.raw.get_metrics()  # type: ignore[attr-defined]
     sample = await reader.resource_sample(handle)  # type: ignore[arg-type]
-    found = subprocess.run(
-        ["docker", "ps", "-q", "--no-trunc", "--filter", f"label=opensandbox.io/id={handle.sandbox_id}"],  # type: ignore[attr-defined]
-        capture_output=True,
-        text=True,
-        check=True,
+    found = (
+        await asyncio.to_thread(
+            subprocess.run,
+            [
+                "docker",
+                "ps",
+                "-q",
+                "--no-trunc",
+                "--filter",
+                f"label=opensandbox.io/id={handle.sandbox_id}",
+            ],  # type: ignore[attr-defined]
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     ).stdout.split()[0]
-    stats = subprocess.run(
-        ["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", found],
-        capture_output=True,
-        text=True,
-        check=True,
+    stats = (
+        await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", found],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     ).stdout.strip()
     print(
         json.dumps(
@@ -73,13 +88,17 @@ async def main() -> None:
             "use_server_proxy": True,
         }
     )
-    spec = SandboxSpec(image=IMAGE, resources=SandboxResources(cpu=0.5, memory_mib=64), ready_timeout_s=120)
+    spec = SandboxSpec(
+        image=IMAGE, resources=SandboxResources(cpu=0.5, memory_mib=64), ready_timeout_s=120
+    )
     handle = await provider.create(spec)
     reader = OpenSandboxReader(provider)
     try:
         await reader.resource_allocation(handle)
         await _row("idle", provider, handle, reader)
-        result = await provider.exec(handle, "head -c 41943040 /dev/zero > /dev/shm/hold; ls -l /dev/shm/hold", timeout_s=60)
+        result = await provider.exec(
+            handle, "head -c 41943040 /dev/zero > /dev/shm/hold; ls -l /dev/shm/hold", timeout_s=60
+        )
         print(json.dumps({"exec": result.stdout.strip(), "exit": result.return_code}))
         await asyncio.sleep(1.5)  # execd's CPU figure is a rate over its own window
         await _row("holding 40 MiB in /dev/shm", provider, handle, reader)

@@ -16,20 +16,26 @@ runs decides what can be read:
   ``engine_unreachable`` when no engine answered): ``get_metrics()``'s ``cpu_count`` and
   ``memory_total_in_mib`` describe the server's host, not the sandbox (measured: 2 cores and
   24 GiB for a 0.5-CPU, 64 MiB sandbox), so they are never recorded. Samples come from
-  OpenSandbox's metrics API through the provider's own SDK object, as what it reports:
-  ``usage.cpu.used_percent`` (the percentage it gives, not CPU seconds made from it) and
-  ``usage.memory_mib``, under ``usage.source`` ``opensandbox.metrics``. When the metrics call
-  fails the sample is unknown with the reason (``opensandbox.timeout``,
+  OpenSandbox's metrics API through the provider's own SDK object, as what it reports and
+  under names that say so: ``usage.opensandbox.cpu_used_percent`` (the percentage it gives,
+  not CPU seconds made from it) and ``usage.opensandbox.memory_used_mib``, with
+  ``usage.source`` ``opensandbox.metrics``. They are not ``usage.memory_mib``: with the Docker
+  runtime, execd reads them from the ``/proc`` it sees, which is the host's (measured: the
+  host's used memory, about 1.5 GiB, for a sandbox holding 40 MiB; docs/sandboxes.md). When
+  the metrics call fails the sample is unknown with the reason (``opensandbox.timeout``,
   ``opensandbox.unauthorized``, ``opensandbox.not_found``, ``opensandbox.server_error``,
   ``opensandbox.unreachable``, ``opensandbox.error``), and the sandbox's status is read once
   (``get_info``): where it says OOM as NeMo Gym's provider recognises it (``oom killed``,
   ``out of memory`` in its reason or message), the sample says ``usage.oom_killed``.
 
-Bounds: each SDK call has its own timeout (``METRICS_TIMEOUT_S``), there is never more than
-one metrics call in flight per sandbox, and a sample asked again within ``MIN_CALL_GAP_S`` of
-the last call (the final sample right after a periodic one) repeats that call's answer
-instead of calling again. The SDK object shares the provider's connection pool: the calls are
-few (one per sandbox per sampling interval) and bounded, never in front of a provider call.
+Bounds: each SDK call has its own timeout (``METRICS_TIMEOUT_S``; ``get_metrics()`` itself
+takes about 1 s, execd's CPU window), and there is never more than one metrics call in flight
+per sandbox, so at most one per sample: each sample takes the newest answer of the call
+started at the previous one (``usage.opensandbox.timestamp_ms`` says when execd measured it)
+and starts the next, so no sample but the first waits for execd's window and the final sample
+never races the close after it. The call in flight is cancelled when the sandbox is released. The
+SDK object shares the provider's connection pool: the calls are few (one per sandbox per
+sampling interval) and bounded, and run beside the provider's calls, never in front of them.
 
 Identity: the allocation's designator is ``opensandbox.sandbox`` with the sandbox id (the
 ``nemo.gym.sandbox.id`` of every span of that sandbox), scoped by the server it belongs to
@@ -43,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,7 +81,6 @@ ID_LABEL = "opensandbox.io/id"
 METRICS_SOURCE = "opensandbox.metrics"
 DESIGNATOR_KIND = "opensandbox.sandbox"
 METRICS_TIMEOUT_S = 3.0
-MIN_CALL_GAP_S = 0.25
 
 CONTAINER_NOT_FOUND = "container_not_found"
 ENGINE_UNREACHABLE = "engine_unreachable"
@@ -136,11 +140,10 @@ def says_oom(info: object) -> bool:
 @dataclass
 class _Sandbox:
     """What the reader knows of one sandbox: its container (``None``: remote), why it is
-    remote, its last metrics answer and when it was asked."""
+    remote, its last metrics answer and its metrics call in flight."""
 
     container: str | None
     remote_reason: str | None = None
-    asked_at: float | None = None
     last: dict[str, Attribute] | ResourcesUnknown | None = None
     in_flight: asyncio.Task[dict[str, Attribute] | ResourcesUnknown] | None = None
 
@@ -264,20 +267,23 @@ class OpenSandboxReader:
     async def _metrics_sample(
         self, handle: SandboxHandle, sandbox: _Sandbox
     ) -> dict[str, Attribute] | ResourcesUnknown:
-        now = time.monotonic()
-        if sandbox.in_flight is not None and not sandbox.in_flight.done():
-            # The previous call still runs (its record timed out): never two at once.
-            return ResourcesUnknown("opensandbox.pending")
-        if (
-            sandbox.last is not None
-            and sandbox.asked_at is not None
-            and now - sandbox.asked_at < MIN_CALL_GAP_S
-        ):
+        """The newest answer of this sandbox's metrics calls, and the next call started for
+        the next sample. A call takes about a second (execd's CPU window): each sample takes
+        the answer of the call started at the previous one instead of waiting for it; a sample
+        that comes while that call still runs (a final sample right after a periodic one)
+        repeats the previous answer, whose ``usage.opensandbox.timestamp_ms`` says when it was
+        measured, so it never races the close that follows. Only the first sample waits. One
+        call at a time, so at most one per sample."""
+        call = sandbox.in_flight
+        if call is None:
+            call = sandbox.in_flight = asyncio.ensure_future(self._ask_metrics(handle))
+        if not call.done() and sandbox.last is not None:
             return sandbox.last
-        sandbox.asked_at = now
-        sandbox.in_flight = asyncio.ensure_future(self._ask_metrics(handle))
-        answer = await asyncio.shield(sandbox.in_flight)
-        sandbox.last = answer
+        # shield: a record that gives up at its deadline leaves the call to its own bound.
+        answer = await asyncio.shield(call)
+        if sandbox.in_flight is call:
+            sandbox.last = answer
+            sandbox.in_flight = asyncio.ensure_future(self._ask_metrics(handle))
         return answer
 
     async def _ask_metrics(self, handle: SandboxHandle) -> dict[str, Attribute] | ResourcesUnknown:
@@ -316,15 +322,24 @@ class OpenSandboxReader:
 
 
 def _sample_from_metrics(metrics: object) -> dict[str, Attribute]:
-    """The usage figures of a ``get_metrics()`` answer: the CPU percentage it reports and
-    the memory used; the host's cores and memory total are left out (not the sandbox's)."""
+    """The figures of a ``get_metrics()`` answer, under names that say they are OpenSandbox's
+    report: ``usage.opensandbox.cpu_used_percent`` and ``usage.opensandbox.memory_used_mib``.
+    Not ``usage.memory_mib``: with the Docker runtime execd reads them from the ``/proc`` it
+    sees, the host's (measured: the host's used memory and CPU busy percentage, for a 64 MiB,
+    0.5-CPU sandbox), so they must not feed the sandbox's memory figures. ``cpu_count`` and
+    ``memory_total_in_mib`` are left out: the host's cores and memory, never an allocation."""
     sample: dict[str, Attribute] = {"usage.source": METRICS_SOURCE}
     cpu = getattr(metrics, "cpu_used_percentage", None)
     memory = getattr(metrics, "memory_used_in_mib", None)
     if isinstance(cpu, int | float) and not isinstance(cpu, bool):
-        sample["usage.cpu.used_percent"] = float(cpu)
+        sample["usage.opensandbox.cpu_used_percent"] = float(cpu)
     if isinstance(memory, int | float) and not isinstance(memory, bool):
-        sample["usage.memory_mib"] = float(memory)
+        sample["usage.opensandbox.memory_used_mib"] = float(memory)
+    # When execd measured them (a sample may carry the answer of a call made since the
+    # previous sample).
+    timestamp = getattr(metrics, "timestamp", None)
+    if isinstance(timestamp, int) and not isinstance(timestamp, bool):
+        sample["usage.opensandbox.timestamp_ms"] = timestamp
     return sample
 
 
