@@ -101,6 +101,12 @@ from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._own_sampler import (
+    install as _install_own_sampler_yield,
+)
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._own_sampler import (
+    uninstall as _uninstall_own_sampler_yield,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     install as _install_nemo_gym_providers,
 )
@@ -442,6 +448,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         )
         # Every provider NeMo Gym builds, whatever its origin, traced with this state.
         _install_nemo_gym_providers(_sandbox_wrapping_for(state))
+        # NeMo Gym's own sandbox samplers, where loaded, own the sandboxes they sample.
+        _install_own_sampler_yield()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         stop_flush_at_sigterm()
@@ -469,6 +477,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _uninstall_server_labels()
         except Exception:
             logger.exception("nemo_gym: restoring nemo_gym's ServerClient failed")
+        try:
+            _uninstall_own_sampler_yield()
+        except Exception:
+            logger.exception("nemo_gym: restoring nemo_gym's ResourceSampler failed")
         try:
             _uninstall_nemo_gym_providers()
         except Exception:
