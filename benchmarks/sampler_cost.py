@@ -12,6 +12,10 @@ Sources (one row each, where available here):
   Gym's built-in ``docker`` provider's are (``readers.docker_cli.DockerCliReader``, through
   the ``docker`` CLI on ``PATH``, pointed at the same engine), from their cgroups and, with
   cgroup sampling off, from ``docker stats``. Skipped without a ``docker`` CLI.
+* with ``--opensandbox``, ``opensandbox co-located (cgroup vN)`` and ``opensandbox API``:
+  NeMo Gym main's ``opensandbox`` provider's sandboxes (``--docker-sandboxes`` of them) read
+  by ``readers.opensandbox.OpenSandboxReader``, from their containers' cgroups and through
+  OpenSandbox's metrics API (``_opensandbox_rows``: what it needs).
 
 Docker rows need a Docker-compatible engine (``--engine-socket``, ``DOCKER_HOST``,
 ``/var/run/docker.sock``, or ``scripts/start-podman.sh``'s socket) with the image.
@@ -82,6 +86,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import DockerCliReader
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import OpenSandboxReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
     ResourceSampler,
@@ -427,6 +432,8 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
             await stats.aclose()
             if image != args.image:
                 _dockerstats.untag(socket_path, image)
+    if args.opensandbox:
+        await _opensandbox(rows, args, exporter, socket_path)
     # The record's alternatives, on the target's samples (the Docker cgroup path) where run.
     target = next((r for r in rows if r["source"].startswith("docker (cgroup")), rows[0])
     alternatives = {
@@ -458,6 +465,28 @@ async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "dockerstats": dockerstats,
         "skipped": skipped,
     }
+
+
+async def _opensandbox(
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    exporter: EncodingSpanExporter,
+    socket_path: str | None,
+) -> None:
+    """The OpenSandbox rows (``_opensandbox_rows``), on sandboxes of their own."""
+    import _opensandbox_rows as opensandbox
+
+    provider = opensandbox.provider()
+    engine_pid = None if socket_path is None else serving_pid(socket_path)
+    async with _sandboxes(provider, args.docker_sandboxes, opensandbox.spec(args.image)) as handles:
+        reader = OpenSandboxReader(provider)
+        first = await reader.resource_sample(handles[0])
+        source = str(sample_keys(first)[PREFIX + "usage.source"])
+        label = f"opensandbox co-located ({source.replace('.', ' ')})"
+        rows.append(await _row(label, reader, handles, args, exporter, engine_pid))
+        api = opensandbox.ApiCalls(provider)
+        label = "opensandbox API (opensandbox.metrics; engine = server)"
+        rows.append(await _row(label, api, handles, args, exporter, opensandbox.server_pid()))
 
 
 def _us(value: float | None) -> str:
@@ -555,6 +584,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--hogs", type=int, default=0, help="busy-loop processes running meanwhile (load)"
+    )
+    parser.add_argument(
+        "--opensandbox",
+        action="store_true",
+        help="also NeMo Gym main's opensandbox provider's sandboxes, co-located and through "
+        "the metrics API (needs NeMo Gym main and scripts/start-opensandbox.sh's server)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()

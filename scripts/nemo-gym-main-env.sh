@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the Python 3.13 virtualenv in which the tests run against NeMo Gym's
-# repository main (0.5.1) with all its dependencies: `pytest -m nemo_gym_main` in .ci/run.
+# repository main (0.5.1) with all its dependencies and the OpenSandbox SDK: `pytest -m
+# nemo_gym_main` and `pytest -m opensandbox` in .ci/run.
 #   NEMO_GYM_MAIN_REQUIREMENT   what to install as NeMo Gym main: a pip requirement (default
 #                               the upstream commit below), or the path of a .tgz/.tar.gz of the
 #                               repository (../shared/nemo-gym/nemo-gym-main-07d6b0d.tgz here)
@@ -110,5 +111,9 @@ fi
 # Dependencies the shared virtualenv already has are satisfied from it; what this checkout's
 # pyproject.toml added since is installed here.
 "$venv/bin/python" -m pip install "${pip_flags[@]}" -e '.[test]'
+# NeMo Gym's opensandbox provider needs its `sandbox` extra's OpenSandbox SDK (and tenacity);
+# the rest of that extra (daytona, ...) is not needed here. Installed in $VENV, beside the
+# shared virtualenv, so that one stays as its key says.
+"$venv/bin/python" -m pip install "${pip_flags[@]}" 'opensandbox==1.1.1' 'tenacity>=9.1.4'
 "$venv/bin/python" -c 'import nemo_gym, sys; print(f"nemo_gym {nemo_gym.__version__}, python {sys.version.split()[0]}")' >&2
 echo "$venv"

@@ -126,6 +126,13 @@ SECTIONS: dict[str, Section] = {
         # A module main has and 0.4.0 lacks (0.4.0's built-in providers: apptainer, opensandbox).
         _importable("nemo_gym.sandbox.providers.docker", "bash scripts/nemo-gym-main-env.sh"),
     ),
+    "opensandbox": Section(
+        "needs NeMo Gym main with the opensandbox SDK (.venv-nemo-gym-main, from "
+        "scripts/nemo-gym-main-env.sh), Podman (scripts/start-podman.sh) and Go for the "
+        "server's execd (scripts/start-opensandbox.sh, which the tests run); run: "
+        ".venv-nemo-gym-main/bin/python -m pytest -s -m opensandbox tests/test_opensandbox.py",
+        _importable("opensandbox", "bash scripts/nemo-gym-main-env.sh"),
+    ),
 }
 
 # The section of the test being run, or None: its missing services fail rather than skip.

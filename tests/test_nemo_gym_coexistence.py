@@ -10,6 +10,7 @@ it: a module registered under its name, with a connector subclass that times wai
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import sys
@@ -36,7 +37,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from conftest import GatedServerFactory, through_pool
+from conftest import GatedServerFactory, eventually, through_pool
 from nemo_gym_support import nemo_gym_main
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym._shared._names import METER_NAME
@@ -293,3 +294,108 @@ def test_nemo_gym_main_has_no_pool_telemetry_of_its_own() -> None:
     tested against (this fails the day a NeMo Gym update brings the real one)."""
     nemo_gym_main()
     assert importlib.util.find_spec("nemo_gym.telemetry") is None
+
+
+# --- sandbox samples: one owner beside NeMo Gym's own sampler --------------------------------
+
+NEMO_GYM_SAMPLER_MODULE = "nemo_gym.sandbox.resource_telemetry"  # NeMo Gym's page-000 module
+
+
+def stand_in_sampler_module() -> types.ModuleType:
+    """NeMo Gym's own sandbox resource telemetry as far as this plugin can see it: a
+    ``ResourceSampler(provider, handle, attributes, interval)`` with ``attributes``, ``task``,
+    ``start()``, ``stop()``, ``run()`` and ``record()``, one owner per sandbox, each sample a
+    ``resource_sample`` call of the provider (kept in ``samples``)."""
+    module = types.ModuleType(NEMO_GYM_SAMPLER_MODULE)
+    owners: dict[tuple[str, str], object] = {}
+
+    class ResourceSampler:
+        def __init__(
+            self, provider: Any, handle: Any, attributes: dict[str, Any], interval: float
+        ) -> None:
+            self.attributes = dict(attributes)
+            self.task: asyncio.Task[None] | None = None
+            self.samples: list[dict[str, Any]] = []
+            self.sampled = asyncio.Event()
+            self._provider, self._handle, self._interval = provider, handle, interval
+            self._key = (str(handle.provider_name), str(handle.sandbox_id))
+
+        async def record(self, kind: str, final: bool = False) -> None:
+            self.samples.append(dict(await self._provider.resource_sample(self._handle)))
+            self.sampled.set()
+
+        async def run(self) -> None:
+            while True:
+                await asyncio.sleep(self._interval)
+                await self.record("sample")
+
+        def start(self) -> None:
+            if owners.setdefault(self._key, self) is self and self._interval > 0:
+                self.task = asyncio.get_running_loop().create_task(self.run())
+
+        async def stop(self) -> None:
+            if self.task is not None:
+                self.task.cancel()
+                await asyncio.wait((self.task,))
+                await self.record("sample", final=True)
+            owners.pop(self._key, None)
+
+    module.ResourceSampler = ResourceSampler  # type: ignore[attr-defined]
+    return module
+
+
+async def test_nemo_gym_own_sampler_takes_over_sandbox_samples(
+    monkeypatch: pytest.MonkeyPatch,
+    tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    """Once NeMo Gym's own ResourceSampler samples a sandbox, ours stops after one final
+    sample and records no other, while NeMo Gym's keeps sampling; its stop frees the sandbox."""
+    module = stand_in_sampler_module()
+    monkeypatch.setitem(sys.modules, NEMO_GYM_SAMPLER_MODULE, module)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.1")
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.uninstrument()
+    instrumentor.instrument(tracer_provider=tracer_provider, connection_pool=False)
+    raw = ProcessSandboxProvider(cgroups=False)
+    provider: Any = traced_provider(raw)
+    try:
+        handle = await provider.create(SandboxSpec())
+
+        def ours(final: bool) -> list[ReadableSpan]:
+            return [
+                s
+                for s in span_exporter.get_finished_spans()
+                if s.name == "sandbox.resources"
+                and s.attributes
+                and s.attributes.get(PREFIX + "resource.kind") == "sample"
+                and s.attributes.get(PREFIX + "resource.final") is final
+            ]
+
+        await eventually(lambda: bool(ours(final=False)), "a periodic sample of ours")
+        attributes = {PROVIDER: handle.provider_name, SANDBOX_ID: handle.sandbox_id}
+        theirs = module.ResourceSampler(raw, handle, attributes, 0.1)
+        theirs.start()
+        assert theirs.task is not None
+
+        async def taken_over() -> None:
+            while len(theirs.samples) < 3 or not ours(final=True):
+                theirs.sampled.clear()
+                await theirs.sampled.wait()
+
+        # The bound only stops a broken test (ours never yielding).
+        await asyncio.wait_for(taken_over(), 30)
+        [final] = ours(final=True)
+        assert final.end_time is not None
+        assert [s for s in ours(final=False) if (s.start_time or 0) > final.end_time] == []
+        periodic_before_close = len(ours(final=False))
+        await theirs.stop()
+        await provider.close(handle)
+        # Closing sampled nothing more of ours: NeMo Gym's sampler owned the sandbox.
+        assert len(ours(final=False)) == periodic_before_close
+        assert len(ours(final=True)) == 1
+    finally:
+        instrumentor.uninstrument()
+        await raw.aclose()
+    # Uninstrumented, NeMo Gym's sampler is its own again.
+    assert not hasattr(module.ResourceSampler.start, "__wrapped__")

@@ -343,7 +343,7 @@ BUILT_IN_READERS = {
     "docker": "DockerCliReader",
     "apptainer": "HostInstanceReader",
     "enroot": "HostInstanceReader",
-    "opensandbox": "remote",
+    "opensandbox": "OpenSandboxReader",
     "daytona": "remote",
     "ecs_fargate": "remote",
     "openshell": "remote",
@@ -362,6 +362,9 @@ def test_readers_table_names_every_nemo_gym_main_built_in() -> None:
     from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import (
         HostInstanceReader,
     )
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import (
+        OpenSandboxReader,
+    )
     from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import (
         UnknownResourcesReader,
     )
@@ -371,7 +374,7 @@ def test_readers_table_names_every_nemo_gym_main_built_in() -> None:
     for name in BUILT_IN_READERS:
         cls = registry.get_provider_class(name)
         reader = READERS[(cls.__module__, cls.__qualname__)](object())
-        if isinstance(reader, DockerCliReader | HostInstanceReader):
+        if isinstance(reader, DockerCliReader | HostInstanceReader | OpenSandboxReader):
             found[name] = type(reader).__name__
         else:
             assert isinstance(reader, UnknownResourcesReader)

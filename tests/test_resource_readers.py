@@ -250,3 +250,42 @@ async def test_docker_cli_reader_records_podman_default_pids_limit(
         assert allocation == await engine_api.resource_allocation(by_id)
     finally:
         await engine_api.aclose()
+
+
+def test_opensandbox_server_scope_is_host_and_port_only() -> None:
+    """The OpenSandbox designator's scope is the server's host:port, with or without a scheme,
+    never user-info, a path or a query."""
+    from types import SimpleNamespace
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import server_scope
+
+    def scope(domain: object) -> str | None:
+        return server_scope(SimpleNamespace(_connection=SimpleNamespace(domain=domain)))
+
+    assert scope("127.0.0.1:8080") == "127.0.0.1:8080"
+    assert scope("https://user:secret@sandbox.example:443/v1?token=x") == "sandbox.example:443"
+    assert scope("opensandbox-server.opensandbox-system.svc.cluster.local") == (
+        "opensandbox-server.opensandbox-system.svc.cluster.local"
+    )
+    assert scope(None) is None
+    assert scope("") is None
+    assert server_scope(object()) is None
+
+
+def test_opensandbox_oom_status_is_read_as_nemo_gym_reads_it() -> None:
+    """A status whose reason or message says OOM-killed or out of memory is an OOM, as NeMo
+    Gym's provider reads it; the Docker runtime's exit-code message is not."""
+    from types import SimpleNamespace
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import says_oom
+
+    def info(reason: str, message: str) -> object:
+        return SimpleNamespace(status=SimpleNamespace(reason=reason, message=message))
+
+    assert says_oom(info("OOMKilled", "")) is True  # Kubernetes's container reason
+    assert says_oom(info("OOM_KILLED", "")) is True
+    assert says_oom(info("", "container ran out of memory")) is True
+    assert says_oom(info("CONTAINER_EXITED_ERROR", "Sandbox container exited with code 137.")) is (
+        False
+    )
+    assert says_oom(object()) is False

@@ -109,6 +109,9 @@ from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._own_sampler import (
+    own_sampler_patch as _own_sampler_patch,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     provider_patch as _nemo_gym_provider_patch,
 )
@@ -363,6 +366,14 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _install(
                 patches, lambda: self._instrument_sandbox(*providers), "sandbox instrumentation"
             )
+            state = self._sandbox_state
+            if state is not None:
+                # NeMo Gym's own sandbox samplers, where loaded, own the sandboxes they sample.
+                _install(
+                    patches,
+                    lambda: _own_sampler_patch(state),
+                    "yielding to NeMo Gym's own sandbox samplers",
+                )
         if rollout_span:
             # NeMo Gym's rollouts (a ServerClient POST /run): one span each, the root of the
             # rollout's trace. A non-recording span without a configured tracer provider.

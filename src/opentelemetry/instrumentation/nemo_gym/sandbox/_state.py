@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -117,6 +117,19 @@ class SandboxRegistry:
         if entry.sampler is None:
             entry.sampler = sampler
         return entry.sampler is sampler
+
+    def claim_for(self, key: SandboxKey, owner: _Stoppable) -> _Stoppable | None:
+        """Make ``owner`` the sandbox's owner whoever was (NeMo Gym's own sampler taking a
+        sandbox over); the owner it replaced, or ``None``."""
+        entry = self._entries.setdefault(key, SandboxEntry())
+        previous, entry.sampler = entry.sampler, owner
+        return None if previous is owner else previous
+
+    def release_where(self, key: SandboxKey, is_owner: Callable[[_Stoppable], bool]) -> None:
+        """End the ownership of the sandbox's owner when ``is_owner(owner)`` says it is the one."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.sampler is not None and is_owner(entry.sampler):
+            self.release(key, entry.sampler)
 
     def release(self, key: SandboxKey, sampler: _Stoppable) -> None:
         """End ``sampler``'s ownership (a no-op for any other sampler)."""

@@ -4,9 +4,10 @@ A reader reads a sandbox's allocation and usage beside a provider that cannot sa
 itself: NeMo Gym's built-in providers. ``READERS`` names each provider class we know by its
 module and class name (so a user's provider that happens to be called ``docker`` is never
 mistaken for NeMo Gym's), with the reader made for it; one module per reader:
-``docker_cli`` (``docker``), ``host_instance`` (``apptainer``, ``enroot``) and ``unknown``
-(the providers whose sandboxes run elsewhere: ``opensandbox``, ``daytona``, ``ecs_fargate``,
-``openshell``). Every other provider without ``ResourceProvider`` gets
+``docker_cli`` (``docker``), ``host_instance`` (``apptainer``, ``enroot``), ``opensandbox``
+(its container through the engine where co-located, else OpenSandbox's metrics API) and
+``unknown`` (the providers whose sandboxes run elsewhere and that read nothing back:
+``daytona``, ``ecs_fargate``, ``openshell``). Every other provider without ``ResourceProvider`` gets
 ``UnknownResourcesReader`` too, whose records say that allocation and usage are unknown and
 why.
 
@@ -28,6 +29,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.readers.host_instance import
     apptainer_reader,
     enroot_reader,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import OpenSandboxReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.unknown import (
     REMOTE,
     UNKNOWN_PROVIDER,
@@ -54,7 +56,7 @@ READERS: dict[tuple[str, str], Callable[[object], Reader]] = {
     (_NEMO_GYM + "docker.provider", "DockerProvider"): DockerCliReader,
     (_NEMO_GYM + "apptainer.provider", "ApptainerProvider"): apptainer_reader,
     (_NEMO_GYM + "enroot.provider", "EnrootProvider"): enroot_reader,
-    (_NEMO_GYM + "opensandbox.provider", "OpenSandboxProvider"): _unknown(REMOTE),
+    (_NEMO_GYM + "opensandbox.provider", "OpenSandboxProvider"): OpenSandboxReader,
     (_NEMO_GYM + "daytona.provider", "DaytonaProvider"): _unknown(REMOTE),
     (_NEMO_GYM + "ecs_fargate.provider", "EcsFargateProvider"): _unknown(REMOTE),
     (_NEMO_GYM + "openshell.provider", "OpenShellProvider"): _unknown(REMOTE),

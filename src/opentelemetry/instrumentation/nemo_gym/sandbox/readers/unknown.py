@@ -3,9 +3,13 @@
 Its records say so, and why, instead of saying nothing or 0: one allocation record with
 ``allocation.unknown_reason`` and one final sample with ``usage.unknown_reason``. The reasons:
 
-* ``remote``: NeMo Gym's providers whose sandboxes run on another service (``opensandbox``,
-  ``daytona``, ``ecs_fargate``, ``openshell``); nothing on this host shows their limits or
-  usage, and none of these providers offers a call that reads them back;
+* ``remote``: NeMo Gym's providers whose sandboxes run on another service and that read
+  nothing back. Checked in NeMo Gym main (0.5.1) source: ``daytona`` passes cpu, memory and
+  disk to Daytona's create and reads back only the state; ``ecs_fargate`` sets the task's cpu
+  and memory and reads only the task's status (``describe_tasks``), with no usage;
+  ``openshell`` sets cpu and memory in its gRPC sandbox spec and reads back only the phase.
+  None keeps a client call for limits or usage that a reader could make beside it.
+  (``opensandbox`` has one, ``get_metrics()``: it has its own reader, ``opensandbox``.)
 * ``unknown_provider``: any other provider that does not implement ``ResourceProvider``.
 """
 

@@ -1,0 +1,348 @@
+"""The resource reader of NeMo Gym's built-in ``opensandbox`` provider.
+
+NeMo Gym's ``OpenSandboxProvider`` keeps the OpenSandbox SDK's ``Sandbox`` object of each
+sandbox in ``handle.raw`` and its server in ``provider._connection.domain``. Where the sandbox
+runs decides what can be read:
+
+* **co-located**: the server's Docker runtime made the sandbox's container on an engine this
+  process reaches (its ``docker`` CLI, ``DOCKER_HOST``). The container is found once per
+  sandbox by the label OpenSandbox puts on it (``opensandbox.io/id=<sandbox id>``); from then
+  on it is read exactly as NeMo Gym's ``docker`` provider's containers are (``docker_cli``):
+  the allocation is what the engine set (``allocation.source`` ``docker.inspect``: cpu,
+  memory and pids limits), samples come from the container's cgroup with its OOM kill count,
+  else from the engine's stats.
+* **remote**: no engine here knows the container (the Kubernetes runtime, a server on another
+  machine). The allocation is unknown, with the reason (``container_not_found``, or
+  ``engine_unreachable`` when no engine answered): ``get_metrics()``'s ``cpu_count`` and
+  ``memory_total_in_mib`` describe the server's host, not the sandbox (measured: 2 cores and
+  24 GiB for a 0.5-CPU, 64 MiB sandbox), so they are never recorded. Samples come from
+  OpenSandbox's metrics API through the provider's own SDK object, as what it reports and
+  under names that say so: ``usage.opensandbox.cpu_used_percent`` (the percentage it gives,
+  not CPU seconds made from it) and ``usage.opensandbox.memory_used_mib``, with
+  ``usage.source`` ``opensandbox.metrics``. They are not ``usage.memory_mib``: with the Docker
+  runtime, execd reads them from the ``/proc`` it sees, which is the host's (measured: the
+  host's used memory, about 1.5 GiB, for a sandbox holding 40 MiB; docs/sandboxes.md). When
+  the metrics call fails the sample is unknown with the reason (``opensandbox.timeout``,
+  ``opensandbox.unauthorized``, ``opensandbox.not_found``, ``opensandbox.server_error``,
+  ``opensandbox.unreachable``, ``opensandbox.error``), and the sandbox's status is read once
+  (``get_info``): where it says OOM as NeMo Gym's provider recognises it (``oom killed``,
+  ``out of memory`` in its reason or message), the sample says ``usage.oom_killed``.
+
+Bounds: each SDK call has its own timeout (``METRICS_TIMEOUT_S``; ``get_metrics()`` itself
+takes about 1 s, execd's CPU window), and there is never more than one metrics call in flight
+per sandbox, so at most one per sample: each sample takes the newest answer of the call
+started at the previous one (``usage.opensandbox.timestamp_ms`` says when execd measured it)
+and starts the next, so no sample but the first waits for execd's window and the final sample
+never races the close after it. The call in flight is cancelled when the sandbox is released. The
+SDK object shares the provider's connection pool: the calls are few (one per sandbox per
+sampling interval) and bounded, and run beside the provider's calls, never in front of them.
+
+Identity: the allocation's designator is ``opensandbox.sandbox`` with the sandbox id (the
+``nemo.gym.sandbox.id`` of every span of that sandbox), scoped by the server it belongs to
+(``host:port`` of the provider's ``connection.domain``; never the key). Co-located, its
+``host`` designator is the container (``container`` with the engine's ID, scoped by the
+daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
+    Attribute,
+    ResourceAllocation,
+    ResourceDesignator,
+    ResourcesUnknown,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
+    DockerCliError,
+    DockerCliReader,
+)
+
+__all__ = [
+    "ID_LABEL",
+    "METRICS_SOURCE",
+    "OpenSandboxReader",
+    "reason_of",
+    "says_oom",
+    "server_scope",
+]
+
+logger = logging.getLogger(__name__)
+
+ID_LABEL = "opensandbox.io/id"
+METRICS_SOURCE = "opensandbox.metrics"
+DESIGNATOR_KIND = "opensandbox.sandbox"
+METRICS_TIMEOUT_S = 3.0
+
+CONTAINER_NOT_FOUND = "container_not_found"
+ENGINE_UNREACHABLE = "engine_unreachable"
+CONTAINER_REMOVED = "container_removed"
+NO_SDK_SANDBOX = "opensandbox.no_sdk_sandbox"
+
+# NeMo Gym's provider's own test for an OOM-killed sandbox in its status (reason, message).
+_OOM = re.compile(r"\boom[\s_-]*killed\b|\bout of memory\b", re.IGNORECASE)
+
+
+def server_scope(provider: object) -> str | None:
+    """``host:port`` of the provider's OpenSandbox server (``connection.domain``, with or
+    without a scheme), or ``None``. Never user-info, a path or a query."""
+    domain = getattr(getattr(provider, "_connection", None), "domain", None)
+    if not isinstance(domain, str) or not domain.strip():
+        return None
+    domain = domain.strip()
+    try:
+        parts = urlsplit(domain if "://" in domain else f"http://{domain}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    return f"{host}:{port}" if port is not None else host
+
+
+def reason_of(exc: BaseException) -> str:
+    """A short, stable reason for a failed SDK call: its HTTP status class, a timeout, an
+    unreachable server; never the exception's text."""
+    if isinstance(exc, TimeoutError):
+        return "opensandbox.timeout"
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        if status in (401, 403):
+            return "opensandbox.unauthorized"
+        if status == 404:
+            return "opensandbox.not_found"
+        if status >= 500:
+            return "opensandbox.server_error"
+    name = type(exc).__name__
+    if "Timeout" in name:
+        return "opensandbox.timeout"
+    if "Connection" in name or isinstance(exc, OSError):
+        return "opensandbox.unreachable"
+    return "opensandbox.error"
+
+
+def says_oom(info: object) -> bool:
+    """Whether a ``get_info()`` answer's status says the sandbox was OOM-killed, as NeMo
+    Gym's provider reads it (its reason or message)."""
+    status = getattr(info, "status", None)
+    text = f"{getattr(status, 'reason', '')} {getattr(status, 'message', '')}"
+    return _OOM.search(text) is not None
+
+
+@dataclass
+class _Sandbox:
+    """What the reader knows of one sandbox: its container (``None``: remote), why it is
+    remote, its last metrics answer and its metrics call in flight."""
+
+    container: str | None
+    remote_reason: str | None = None
+    last: dict[str, Attribute] | ResourcesUnknown | None = None
+    in_flight: asyncio.Task[dict[str, Attribute] | ResourcesUnknown] | None = None
+
+
+class OpenSandboxReader:
+    """Allocation and usage of one NeMo Gym ``OpenSandboxProvider``'s sandboxes (see the
+    module). Runs on the event loop; reads only."""
+
+    periodic = True
+
+    def __init__(self, provider: object) -> None:
+        self._scope = server_scope(provider)
+        # The engine path is docker_cli's own reader, given the container's engine ID.
+        self._docker = DockerCliReader(provider)
+        self._binary = self._docker._binary
+        self._located: dict[str, asyncio.Task[_Sandbox]] = {}
+
+    def _designator(self, handle: SandboxHandle) -> ResourceDesignator:
+        return ResourceDesignator(DESIGNATOR_KIND, str(handle.sandbox_id), scope=self._scope)
+
+    async def resource_allocation(
+        self, handle: SandboxHandle
+    ) -> ResourceAllocation | ResourcesUnknown:
+        """What the engine set for the sandbox's container; unknown with the reason when no
+        engine here knows it."""
+        sandbox = await self._sandbox(handle)
+        if sandbox.container is None:
+            return ResourcesUnknown(sandbox.remote_reason or CONTAINER_NOT_FOUND)
+        engine = await self._docker.resource_allocation(_container_handle(sandbox.container))
+        return ResourceAllocation(
+            source=engine.source,
+            components=engine.components,
+            designator=self._designator(handle),
+            host=engine.designator,
+        )
+
+    async def resource_sample(
+        self, handle: SandboxHandle
+    ) -> dict[str, Attribute] | ResourcesUnknown:
+        """One usage sample: the container's (cgroup, else engine stats) when co-located,
+        else OpenSandbox's metrics API."""
+        sandbox = await self._sandbox(handle)
+        if sandbox.container is not None:
+            return await self._container_sample(handle, sandbox.container)
+        return await self._metrics_sample(handle, sandbox)
+
+    def resource_sample_nowait(self, handle: SandboxHandle) -> dict[str, Attribute] | None:
+        """The co-located sample from the container's cgroup without running anything."""
+        located = self._located.get(str(handle.sandbox_id))
+        if located is None or not located.done() or located.cancelled():
+            return None
+        if located.exception() is not None:
+            return None
+        container = located.result().container
+        if container is None:
+            return None
+        return self._docker.resource_sample_nowait(_container_handle(container))
+
+    def release(self, handle: SandboxHandle) -> None:
+        """Forget the sandbox (called after its final sample)."""
+        located = self._located.pop(str(handle.sandbox_id), None)
+        if located is not None and located.done() and not located.cancelled():
+            sandbox = None if located.exception() else located.result()
+            if sandbox is not None and sandbox.container is not None:
+                self._docker.release(_container_handle(sandbox.container))
+            if sandbox is not None and sandbox.in_flight is not None:
+                sandbox.in_flight.cancel()
+
+    # --- where the sandbox is ------------------------------------------------------------
+
+    async def _sandbox(self, handle: SandboxHandle) -> _Sandbox:
+        """The sandbox's place, looked up once (the allocation read and the first sample
+        share one lookup)."""
+        key = str(handle.sandbox_id)
+        located = self._located.get(key)
+        if located is None or (located.done() and located.cancelled()):
+            located = asyncio.ensure_future(self._locate(key))
+            self._located[key] = located
+        # shield: a timed-out record abandons its wait, not the lookup others share.
+        return await asyncio.shield(located)
+
+    async def _locate(self, sandbox_id: str) -> _Sandbox:
+        """The container labelled with the sandbox id on the engine this process reaches."""
+        if self._binary is None:
+            return _Sandbox(None, ENGINE_UNREACHABLE)
+        returncode, stdout = await output_of(
+            self._binary,
+            "ps",
+            "--all",
+            "--no-trunc",
+            "--filter",
+            f"label={ID_LABEL}={sandbox_id}",
+            "--format",
+            "{{.ID}}",
+        )
+        if returncode != 0:
+            return _Sandbox(None, ENGINE_UNREACHABLE)
+        ids = stdout.decode("utf-8", "replace").split()
+        if not ids:
+            return _Sandbox(None, CONTAINER_NOT_FOUND)
+        if len(ids) > 1:
+            logger.debug("opensandbox %s: %d containers carry its label", sandbox_id, len(ids))
+        return _Sandbox(ids[0])
+
+    # --- co-located: the container ---------------------------------------------------------
+
+    async def _container_sample(
+        self, handle: SandboxHandle, container: str
+    ) -> dict[str, Attribute] | ResourcesUnknown:
+        try:
+            return await self._docker.resource_sample(_container_handle(container))
+        except DockerCliError:
+            # Removed from outside (or the engine went away): say which, once known.
+            gone = await self._locate(str(handle.sandbox_id))
+            if gone.container is None and gone.remote_reason == CONTAINER_NOT_FOUND:
+                return ResourcesUnknown(CONTAINER_REMOVED)
+            raise
+
+    # --- remote: OpenSandbox's metrics API ------------------------------------------------
+
+    async def _metrics_sample(
+        self, handle: SandboxHandle, sandbox: _Sandbox
+    ) -> dict[str, Attribute] | ResourcesUnknown:
+        """The newest answer of this sandbox's metrics calls, and the next call started for
+        the next sample. A call takes about a second (execd's CPU window): each sample takes
+        the answer of the call started at the previous one instead of waiting for it; a sample
+        that comes while that call still runs (a final sample right after a periodic one)
+        repeats the previous answer, whose ``usage.opensandbox.timestamp_ms`` says when it was
+        measured, so it never races the close that follows. Only the first sample waits. One
+        call at a time, so at most one per sample."""
+        call = sandbox.in_flight
+        if call is None:
+            call = sandbox.in_flight = asyncio.ensure_future(self._ask_metrics(handle))
+        if not call.done() and sandbox.last is not None:
+            return sandbox.last
+        # shield: a record that gives up at its deadline leaves the call to its own bound.
+        answer = await asyncio.shield(call)
+        if sandbox.in_flight is call:
+            sandbox.last = answer
+            sandbox.in_flight = asyncio.ensure_future(self._ask_metrics(handle))
+        return answer
+
+    async def _ask_metrics(self, handle: SandboxHandle) -> dict[str, Attribute] | ResourcesUnknown:
+        """One bounded ``get_metrics()`` call; on failure, one bounded ``get_info()`` for the
+        OOM the status may tell."""
+        sdk = getattr(handle, "raw", None)
+        get_metrics = getattr(sdk, "get_metrics", None)
+        if not callable(get_metrics):
+            return ResourcesUnknown(NO_SDK_SANDBOX)
+        try:
+            metrics = await asyncio.wait_for(get_metrics(), METRICS_TIMEOUT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed read is an unknown sample
+            reason = reason_of(exc)
+            if reason in ("opensandbox.unauthorized", "opensandbox.unreachable"):
+                return ResourcesUnknown(reason)
+            return await self._status_after_failure(sdk, reason)
+        return _sample_from_metrics(metrics)
+
+    async def _status_after_failure(
+        self, sdk: Any, reason: str
+    ) -> dict[str, Attribute] | ResourcesUnknown:
+        get_info = getattr(sdk, "get_info", None)
+        if not callable(get_info):
+            return ResourcesUnknown(reason)
+        try:
+            info = await asyncio.wait_for(get_info(), METRICS_TIMEOUT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the metrics failure is the answer
+            return ResourcesUnknown(reason)
+        if says_oom(info):
+            return {"usage.source": "opensandbox.status", "usage.oom_killed": True}
+        return ResourcesUnknown(reason)
+
+
+def _sample_from_metrics(metrics: object) -> dict[str, Attribute]:
+    """The figures of a ``get_metrics()`` answer, under names that say they are OpenSandbox's
+    report: ``usage.opensandbox.cpu_used_percent`` and ``usage.opensandbox.memory_used_mib``.
+    Not ``usage.memory_mib``: with the Docker runtime execd reads them from the ``/proc`` it
+    sees, the host's (measured: the host's used memory and CPU busy percentage, for a 64 MiB,
+    0.5-CPU sandbox), so they must not feed the sandbox's memory figures. ``cpu_count`` and
+    ``memory_total_in_mib`` are left out: the host's cores and memory, never an allocation."""
+    sample: dict[str, Attribute] = {"usage.source": METRICS_SOURCE}
+    cpu = getattr(metrics, "cpu_used_percentage", None)
+    memory = getattr(metrics, "memory_used_in_mib", None)
+    if isinstance(cpu, int | float) and not isinstance(cpu, bool):
+        sample["usage.opensandbox.cpu_used_percent"] = float(cpu)
+    if isinstance(memory, int | float) and not isinstance(memory, bool):
+        sample["usage.opensandbox.memory_used_mib"] = float(memory)
+    # When execd measured them (a sample may carry the answer of a call made since the
+    # previous sample).
+    timestamp = getattr(metrics, "timestamp", None)
+    if isinstance(timestamp, int) and not isinstance(timestamp, bool):
+        sample["usage.opensandbox.timestamp_ms"] = timestamp
+    return sample
+
+
+def _container_handle(container: str) -> SandboxHandle:
+    """A handle naming the container by its engine ID, for ``DockerCliReader``."""
+    return SandboxHandle(sandbox_id=container, provider_name="docker", raw=None)
