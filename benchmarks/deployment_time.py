@@ -40,7 +40,9 @@ def main() -> None:
             ("PIP_CACHE_DIR", "pip"),
             ("GOMODCACHE", "go-mod"),
             ("GOCACHE", "go-build"),
+            ("GOPATH", "go-path"),
             ("NEMO_GYM_COLLECTOR_CACHE", "collector"),
+            ("NEMO_GYM_JAEGER_CACHE", "jaeger"),
         ):
             os.environ[variable] = str(base / folder)
         uv_cache = base / "uv"
@@ -53,9 +55,11 @@ def main() -> None:
     )
     ready = cloned + (timeline.servers_ready or float("nan"))
     first = cloned + (timeline.first_metrics or float("nan"))
+    evaluated = cloned + (timeline.eval_done or float("nan"))
     print(
         f"{'cold' if cold else 'warm'} caches: clone {cloned:.1f} s, servers ready {ready:.0f} s, "
-        f"first pool metrics in the collector {first:.0f} s after the clone began "
+        f"first pool metrics in the collector {first:.0f} s, gym eval run done {evaluated:.0f} s "
+        f"after the clone began "
         f"({run.rollouts} rollouts, {run.served} model calls served)"
     )
     print(f"(left in {base}: the clone and the cold caches; remove it when done)")
