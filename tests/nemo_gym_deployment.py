@@ -14,9 +14,9 @@ filled (``fill()``): the clone's path, the working folder (a fresh one under /tm
 socket paths must stay under 108 characters), the model endpoint's port (the page's own
 ``nemo-gym-otel stub-model``, on a free port), the head server's port (a free one) and, unless
 measuring, a 10 minute export interval, so that each process's final export at shutdown is its
-only one. Before the eval, an earlier run's rollout spans and counts (run ``EARLIER_RUN``,
-longer than any of this run's) are sent to the same collector, so that the report and the
-tracing page's command must pick this run. The environment gives the collector a state
+only one. After the eval, an earlier run's rollout spans and counts (run ``EARLIER_RUN``,
+longer than any of this run's, started before it) are sent to the same collector, so that
+the report and the tracing page's command must pick this run. The environment gives the collector a state
 folder and free ports of the test's own, the server virtualenvs' uv cache, and
 ``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the first shell (each server divides its pool limits by
 two and its capacity report must say ``workers=2``). The collector's Prometheus exporter is
@@ -568,7 +568,6 @@ def run_deployment(
         timeline.servers_ready = time.monotonic() - start
         stub_pid = _stub_model_pid(gym.pid, folder)
         run_id = (work / "run-id").read_text().strip()
-        send_earlier_run(_collector_lines(collector_state)["OTEL_EXPORTER_OTLP_ENDPOINT"])
         eval_log = folder / "second-shell.log"
         with eval_log.open("w") as log:
             second = subprocess.run(
@@ -589,7 +588,14 @@ def run_deployment(
         # Before Ctrl-C: every process's spans leave within the SDK's batch delay.
         jaeger_query = _collector_lines(collector_state, "jaeger.env").get("JAEGER_QUERY")
         assert jaeger_query, "the deployment page's start-collector.sh line started no Jaeger"
+        # Now, so that its counts are within the collector's 5 minutes when the report runs.
+        send_earlier_run(_collector_lines(collector_state)["OTEL_EXPORTER_OTLP_ENDPOINT"])
         traces, jaeger_services = _settled_rollout_traces(jaeger_query, run_id)
+
+        def earlier_run_stored() -> bool:
+            return len(rollout_traces(jaeger_query, EARLIER_RUN)[0]) >= EARLIER_ROLLOUTS
+
+        _wait_for("the earlier run's rollouts in Jaeger", earlier_run_stored, 60)
         earlier_traces = len(rollout_traces(jaeger_query, EARLIER_RUN)[0])
         if os.environ.get("NEMO_GYM_DEPLOYMENT_TRACES"):
             Path(os.environ["NEMO_GYM_DEPLOYMENT_TRACES"]).write_text(json.dumps(traces))
