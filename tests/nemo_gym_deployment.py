@@ -5,22 +5,22 @@ what reached the collector.
 NeMo Gym deployment: every server reports") and runs each, as written, as one ``bash -e``
 script: the first shell (the collector, a Python 3.12 virtualenv with nemo-gym 0.4.0 and this
 plugin from the clone, ``nemo-gym-otel server-venvs``, ``gym env start`` with three servers:
-the ``example_single_tool_call`` resources server, its ``simple_agent``, and the ``openai_model``
-model server), then, once the servers are ready, the second shell (``gym eval run``, 300
-rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C does (NeMo
-Gym then also sends SIGINT to each server's shell and kills that 1 s later), then the third
-block (``nemo-gym-otel report``) in the second shell's state. Only the page's placeholders are
-filled (``fill()``): the clone's path, the working folder (a fresh one under /tmp: Ray's
-socket paths must stay under 108 characters), the model endpoint's port (the page's own
-``nemo-gym-otel stub-model``, on a free port), the head server's port (a free one) and, unless
-measuring, a 10 minute export interval, so that each process's final export at shutdown is its
-only one. After the eval, an earlier run's rollout spans and counts (run ``EARLIER_RUN``,
-longer than any of this run's, started before it) are sent to the same collector, so that
-the report and the tracing page's command must pick this run. The environment gives the collector a state
-folder and free ports of the test's own, the server virtualenvs' uv cache, and
-``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the first shell (each server divides its pool limits by
-two and its capacity report must say ``workers=2``). The collector's Prometheus exporter is
-read once everything has stopped.
+the ``example_single_tool_call`` resources server, its ``simple_agent``, and the
+``openai_model`` model server), then, once the servers are ready, the second shell (``gym eval
+run``, 300 rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C
+does (NeMo Gym then also sends SIGINT to each server's shell and kills that 1 s later), then
+the third block (``nemo-gym-otel report``) in the second shell's state. Only the page's
+placeholders are filled (``fill()``): the clone's path, the working folder (a fresh one under
+/tmp: Ray's socket paths must stay under 108 characters), the model endpoint's port (the page's
+own ``nemo-gym-otel stub-model``, on a free port), the head server's port (a free one) and,
+unless measuring, a 10 minute export interval, so that each process's final export at shutdown
+is its only one. After the eval, an earlier run's rollout spans and counts (run
+``EARLIER_RUN``, longer than any of this run's, started before it) are sent to the same
+collector, so that the report and the tracing page's command must pick this run. The
+environment gives the collector a state folder and free ports of the test's own, the server
+virtualenvs' uv cache, and ``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the first shell (each server
+divides its pool limits by two and its capacity report must say ``workers=2``). The collector's
+Prometheus exporter is read once everything has stopped.
 
 Every process started is ended by PID: the first shell's session (gym env start, its servers
 and Ray's daemons), anything whose command line names the run's folder (the stub model
