@@ -322,6 +322,7 @@ class Timeline:
     servers_ready: float | None = None
     first_metrics: float | None = None  # first gym_http_connection_pool_connect_total scraped
     eval_done: float | None = None  # the second shell (gym eval run) ended
+    report_done: float | None = None  # the page's `nemo-gym-otel report` printed its table
 
 
 def _watch_first_metrics(
@@ -649,6 +650,7 @@ def run_deployment(
             timeout=120,
             check=False,
         )
+        timeline.report_done = time.monotonic() - start
         assert report.returncode == 0, report.stderr[-4000:]
         port_taken = _head_port_taken(shells, placeholders, folder, env, stub_pid)
         server_logs = {
