@@ -34,7 +34,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import CREATI
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import CPU_TIME
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     CONNECT_TOTAL,
-    CONNECTIONS_CREATED,
     LIMIT,
     QUEUE_DURATION,
 )
@@ -107,7 +106,6 @@ def test_histogram_quantile_interpolates_as_promql() -> None:
     ("prometheus", "otel", "suffix"),
     [
         (_report.CONNECT_TOTAL, CONNECT_TOTAL, ""),
-        (_report.CONNECTIONS_CREATED, CONNECTIONS_CREATED, "_total"),
         (_report.QUEUE_DURATION_BUCKET, QUEUE_DURATION, "_milliseconds_bucket"),
         (_report.POOL_LIMIT, LIMIT, ""),
         (_report.LOOP_LAG_BUCKET, LOOP_LAG, "_milliseconds_bucket"),
@@ -168,7 +166,6 @@ def _two_runs() -> list[Sample]:
         _info("nemo-gym/agent", "old1", "old", server="agent"),
         _point(_report.CONNECT_TOTAL, "nemo-gym/agent", "a1", 600, **{DEST: "model"}),
         _point(_report.CONNECT_TOTAL, "nemo-gym/agent", "a1", 300, **{DEST: "resources"}),
-        _point(_report.CONNECTIONS_CREATED, "nemo-gym/agent", "a1", 12, **{DEST: "model"}),
         _point(_report.CONNECT_TOTAL, "nemo-gym/orchestrator", "o2", 150, **{DEST: "agent"}),
         _point(_report.CONNECT_TOTAL, "nemo-gym/agent", "old1", 999, **{DEST: "model"}),
         *_queue("nemo-gym/agent", "a1", "model", "per_host", [20, 36, 40]),
@@ -242,12 +239,12 @@ def test_render_one_run_every_table() -> None:
         "run new: 5 processes, 4 services",
         "(the collector also holds runs old: --run-id picks one)",
         "",
-        "Connections per server (pool acquisitions; new = TCP connections opened)",
-        "  server                               destination    connects  new",
-        "  nemo-gym/agent                       model               600   12  " + FULL,
-        "  nemo-gym/agent                       resources           300    0  " + "█" * 12,
+        "Connections per server (pool acquisitions per destination)",
+        "  server                               destination    connects",
+        "  nemo-gym/agent                       model               600  " + FULL,
+        "  nemo-gym/agent                       resources           300  " + "█" * 12,
         "  nemo-gym/model                       (no requests)",
-        "  nemo-gym/orchestrator (2 processes)  agent               150    0  " + "█" * 6,
+        "  nemo-gym/orchestrator (2 processes)  agent               150  " + "█" * 6,
         "",
         "Queue waits per destination (requests that waited for a pool slot)",
         "  destination  waits  p50 ms  p99 ms  binding limit",
@@ -278,28 +275,42 @@ def test_render_empty_sections_say_why() -> None:
 
 
 def test_report_of_the_captured_deployment_text() -> None:
-    """The collector's real text parses whole, holds one run, and the report's connections
-    match the series as the deployment test reads them (prometheus_client's parser)."""
+    """The collector's real text parses whole, and each run's report shows the connects the
+    deployment test reads from the same text with prometheus_client's parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = CAPTURED.read_text()
     samples = parse_samples(text)
-    expected: dict[tuple[str, str], float] = {}
+    runs_of: dict[tuple[str, str], str] = {}
+    expected: dict[tuple[str, str, str], float] = {}  # (run, job, destination) -> connects
     count = 0
-    for family in text_string_to_metric_families(text):
+    families = list(text_string_to_metric_families(text))
+    for family in families:
         for sample in family.samples:
             count += 1
+            if sample.name == "target_info":
+                runs_of[(sample.labels["job"], sample.labels["instance"])] = sample.labels[
+                    "nemo_run_id"
+                ]
+    for family in families:
+        for sample in family.samples:
             if sample.name == _report.CONNECT_TOTAL:
-                key = (sample.labels["job"], sample.labels[DEST])
+                run = runs_of[(sample.labels["job"], sample.labels["instance"])]
+                key = (run, sample.labels["job"], sample.labels[DEST])
                 expected[key] = expected.get(key, 0.0) + sample.value
     assert len(samples) == count
-    (run,) = runs(samples).values()
-    report = render(samples, run)
-    for (job, destination), connects in expected.items():
-        assert any(
-            line.split()[0] == job and f" {destination} " in line and f" {round(connects)} " in line
-            for line in report.splitlines()
-        ), (job, destination, connects, report)
+    found = runs(samples)
+    # The page's shells before one run id: gym env start's run and gym eval run's.
+    assert len(found) == 2
+    assert expected
+    for (run_id, job, destination), connects in expected.items():
+        rows = [line.split() for line in render(samples, found[run_id]).splitlines()]
+        assert [job, destination, str(round(connects))] in [row[:3] for row in rows], (
+            run_id,
+            job,
+            destination,
+            connects,
+        )
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -350,7 +361,7 @@ def test_main_report_reads_the_url_from_the_environment(
     out = capsys.readouterr().out
     assert out.startswith("run old: 1 process, 1 service\n")
     rows = [line.split() for line in out.split("Connections per server", 1)[1].splitlines()]
-    assert ["nemo-gym/agent", "model", "999", "0", FULL] in rows
+    assert ["nemo-gym/agent", "model", "999", FULL] in rows
 
 
 def test_main_report_bad_input_exits_2(

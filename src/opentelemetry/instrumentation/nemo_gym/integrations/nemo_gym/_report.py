@@ -5,8 +5,8 @@ Reads the collector's Prometheus exporter (``$COLLECTOR_PROMETHEUS``, which
 four plain-text tables with a bar per row:
 
 * connections per server: each server's pool acquisitions per destination
-  (``gym.http.connection_pool.connect_total``) and the TCP connections it opened
-  (``...connections_created``); a NeMo Gym server that made no requests has a row saying so;
+  (``gym.http.connection_pool.connect_total``); a NeMo Gym server that made no requests has a
+  row saying so;
 * queue waits per destination (``gym.http.connection_pool.queue_duration_ms``, one sample per
   request that waited for a pool slot): how many, p50 and p99 estimated from the histogram's
   buckets as PromQL's ``histogram_quantile`` does, and the limit that was binding (the
@@ -49,7 +49,6 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._prometheus_te
 # unit is appended (ms -> _milliseconds, s -> _seconds; {connection}-style units are not), and
 # counters end in _total.
 CONNECT_TOTAL = "gym_http_connection_pool_connect_total"
-CONNECTIONS_CREATED = "gym_http_connection_pool_connections_created_total"
 QUEUE_DURATION_BUCKET = "gym_http_connection_pool_queue_duration_ms_milliseconds_bucket"
 POOL_LIMIT = "gym_http_connection_pool_limit"
 LOOP_LAG_BUCKET = "gym_event_loop_lag_ms_milliseconds_bucket"
@@ -158,11 +157,10 @@ def _process(sample: Sample) -> Process:
 
 def _connections(samples: Sequence[Sample], run: Run) -> list[str]:
     connects: dict[tuple[str, str], float] = defaultdict(float)
-    created: dict[tuple[str, str], float] = defaultdict(float)
     for sample in samples:
-        if sample.name in (CONNECT_TOTAL, CONNECTIONS_CREATED):
+        if sample.name == CONNECT_TOTAL:
             key = (sample.labels.get("job", ""), sample.labels.get(DESTINATION_LABEL, ""))
-            (connects if sample.name == CONNECT_TOTAL else created)[key] += sample.value
+            connects[key] += sample.value
     processes = _process_counts(run)
     rows: list[list[str]] = []
     values: list[float] = []
@@ -172,18 +170,13 @@ def _connections(samples: Sequence[Sample], run: Run) -> list[str]:
             (key for key in connects if key[0] == job), key=lambda key: (-connects[key], key[1])
         )
         if not destinations:
-            rows.append([_server(job, processes), "(no requests)", "", ""])
+            rows.append([_server(job, processes), "(no requests)", ""])
             values.append(0.0)
         for key in destinations:
-            rows.append(
-                [_server(job, processes), key[1], _count(connects[key]), _count(created[key])]
-            )
+            rows.append([_server(job, processes), key[1], _count(connects[key])])
             values.append(connects[key])
-    heading = "Connections per server (pool acquisitions; new = TCP connections opened)"
-    return [
-        heading,
-        *_table(["server", "destination", "connects", "new"], rows, values, numeric={2, 3}),
-    ]
+    heading = "Connections per server (pool acquisitions per destination)"
+    return [heading, *_table(["server", "destination", "connects"], rows, values, numeric={2})]
 
 
 def _queue_waits(samples: Sequence[Sample], run: Run) -> list[str]:
