@@ -709,10 +709,17 @@ def run_deployment(
 def _stub_model_pid(session: int, folder: Path) -> int:
     """The PID of the page's ``nemo-gym-otel stub-model``, a background job of the first
     shell (so of its session)."""
+
+    def command_line(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
     stubs = [
         pid
         for pid in _session_and_folder_pids(session, folder)
-        if "nemo-gym-otel stub-model" in _describe(pid)
+        if "nemo-gym-otel stub-model" in command_line(pid)
     ]
     assert len(stubs) == 1, [_describe(pid) for pid in stubs]
     return stubs[0]
