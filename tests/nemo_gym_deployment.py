@@ -236,7 +236,9 @@ def deployment_shells() -> list[str]:
     into the second shell after Ctrl-C, so run after that shell's commands but its last (the
     eval): its folder, virtualenv and exports."""
     first, second, report = deployment_commands()
-    return ["\n".join(first), "\n".join(second), "\n".join([*second[:-1], *report])]
+    # The second shell's state, its commands' own output aside: the report's is what is read.
+    state = ["{", *second[:-1], "} >/dev/null"]
+    return ["\n".join(first), "\n".join(second), "\n".join([*state, *report])]
 
 
 def report_output_on_page() -> str:
@@ -640,7 +642,13 @@ def run_deployment(
         leftovers = end_by_pid(gym.pid, folder, stub_pid)
         # The collector's batch processor forwards within a second; give it a few.
         time.sleep(3)
-        processes = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
+        scraped = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
+        # This run's and its Ray processes', not the earlier run's the test sent.
+        processes = {
+            key: process
+            for key, process in scraped.items()
+            if process.resource.get("nemo_run_id") != EARLIER_RUN
+        }
         report = subprocess.run(
             ["bash", "-e", "-c", report_shell],
             cwd=folder,
