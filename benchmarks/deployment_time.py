@@ -1,13 +1,15 @@
-"""Clone to first metrics: how long the NeMo Gym deployment walk-through takes.
+"""Clone to the report's table: how long the NeMo Gym deployment walk-through takes.
 
-Clones this checkout's committed HEAD into a fresh folder under /tmp, then runs the two shells
-of docs/nemo-gym-deployment.md through ``tests/nemo_gym_deployment.run_deployment`` with its own
+Clones this checkout's committed HEAD into a fresh folder under /tmp, then runs the shells of
+docs/nemo-gym-deployment.md through ``tests/nemo_gym_deployment.run_deployment`` with its own
 15 s export interval, and prints the seconds from the start of the clone to the servers being
-ready and to the first ``gym_http_connection_pool_connect_total`` the collector's Prometheus
-exporter shows (polled every second). ``--cold`` points pip's, uv's and Go's caches
-(``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``) and the collector's build
-cache (``NEMO_GYM_COLLECTOR_CACHE``) at empty folders beside the clone, so the real caches are
-neither used nor touched. Run from the repository root (about 4-7 minutes on 2 cores):
+ready, to the first ``gym_http_connection_pool_connect_total`` the collector's Prometheus
+exporter shows (polled every second), to the end of ``gym eval run``, and to the table of
+``nemo-gym-otel report`` (after Ctrl-C). ``--cold`` points pip's, uv's and Go's caches
+(``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``, ``GOPATH``) and the collector's
+and Jaeger's build caches (``NEMO_GYM_COLLECTOR_CACHE``, ``NEMO_GYM_JAEGER_CACHE``) at empty
+folders beside the clone, so the real caches are neither used nor touched. Run from the
+repository root (about 30 minutes cold on 2 busy cores, 5 warm):
 
     .venv/bin/python benchmarks/deployment_time.py --cold
     .venv/bin/python benchmarks/deployment_time.py
@@ -40,7 +42,9 @@ def main() -> None:
             ("PIP_CACHE_DIR", "pip"),
             ("GOMODCACHE", "go-mod"),
             ("GOCACHE", "go-build"),
+            ("GOPATH", "go-path"),
             ("NEMO_GYM_COLLECTOR_CACHE", "collector"),
+            ("NEMO_GYM_JAEGER_CACHE", "jaeger"),
         ):
             os.environ[variable] = str(base / folder)
         uv_cache = base / "uv"
@@ -53,9 +57,12 @@ def main() -> None:
     )
     ready = cloned + (timeline.servers_ready or float("nan"))
     first = cloned + (timeline.first_metrics or float("nan"))
+    evaluated = cloned + (timeline.eval_done or float("nan"))
+    reported = cloned + (timeline.report_done or float("nan"))
     print(
         f"{'cold' if cold else 'warm'} caches: clone {cloned:.1f} s, servers ready {ready:.0f} s, "
-        f"first pool metrics in the collector {first:.0f} s after the clone began "
+        f"first pool metrics in the collector {first:.0f} s, gym eval run done {evaluated:.0f} s, "
+        f"the report's table {reported:.0f} s after the clone began "
         f"({run.rollouts} rollouts, {run.served} model calls served)"
     )
     print(f"(left in {base}: the clone and the cold caches; remove it when done)")

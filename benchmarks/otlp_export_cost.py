@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
@@ -40,8 +41,13 @@ DEFAULT_INTERVAL_S = 60.0
 
 def collector(key: str) -> str:
     """An endpoint scripts/start-collector.sh recorded."""
-    # The script's state folder: NEMO_GYM_COLLECTOR_DIR, else its per-user default.
-    state = os.environ.get("NEMO_GYM_COLLECTOR_DIR") or f"/tmp/nemo-gym-collector-{os.getuid()}"
+    # The script's state folder: NEMO_GYM_COLLECTOR_DIR, else this checkout's default (one per
+    # user and checkout: the first 12 hex digits of the SHA-256 of its absolute path).
+    checkout = Path(__file__).resolve().parent.parent
+    key = hashlib.sha256(str(checkout).encode()).hexdigest()[:12]
+    state = (
+        os.environ.get("NEMO_GYM_COLLECTOR_DIR") or f"/tmp/nemo-gym-collector-{os.getuid()}-{key}"
+    )
     lines = Path(state, "ports.env").read_text().splitlines()
     found = dict(line.split("=", 1) for line in lines if "=" in line)
     return found[key]

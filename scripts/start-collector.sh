@@ -27,9 +27,11 @@
 # configuration.
 #
 # Environment (all optional; relative paths are taken from the caller's working directory):
-#   NEMO_GYM_COLLECTOR_DIR    state folder: config, PID, ports, log
-#                             (default /tmp/nemo-gym-collector-<uid>: one per user; it must
-#                             belong to you)
+#   NEMO_GYM_COLLECTOR_DIR    state folder: config, PID, ports, log (default
+#                             /tmp/nemo-gym-collector-<uid>-<checkout>, <checkout> the first 12
+#                             hex digits of the SHA-256 of this checkout's absolute path: one
+#                             per user and checkout, so two checkouts never stop each other's
+#                             collector; it must belong to you)
 #   NEMO_GYM_COLLECTOR_CACHE  build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/collector)
 #   NEMO_GYM_JAEGER_CACHE     Jaeger's build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/jaeger)
 #   NEMO_GYM_JAEGER_PORT      the port to try first for Jaeger's query service and UI
@@ -57,7 +59,11 @@ if [ "$mode" = stop ] && [ "$jaeger" = yes ]; then
 fi
 
 uid="$(id -u)"
-state_dir="${NEMO_GYM_COLLECTOR_DIR:-/tmp/nemo-gym-collector-$uid}"
+# The checkout this script belongs to (symlinks resolved: one checkout, one folder, however it
+# is reached). Its state folder lives outside it: the collector writes there.
+checkout="$(cd "$(dirname "$0")/.." && pwd -P)"
+checkout_key="$(printf '%s' "$checkout" | sha256sum | cut -c1-12)"
+state_dir="${NEMO_GYM_COLLECTOR_DIR:-/tmp/nemo-gym-collector-$uid-$checkout_key}"
 cache="${NEMO_GYM_COLLECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/collector}"
 jaeger_cache="${NEMO_GYM_JAEGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/jaeger}"
 preferred_ports="${NEMO_GYM_COLLECTOR_PORTS:-4318,4317,8889}"

@@ -194,13 +194,16 @@ if ! "$python" -c '' 2>/dev/null; then
   python="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -n 1)"
   [ -n "$python" ] || { log "no python3.12 on PATH or in pyenv (pyenv install 3.12)"; exit 1; }
 fi
-SERVER_VENV="$CACHE/server-$SERVER_VERSION-$("$python" -VV | sha256sum | cut -c1-8)"
+# Keyed by the interpreter and constraints.txt: the server brings the OpenTelemetry SDK, pinned
+# to the repository's one consistent set like every other install.
+# shellcheck source=scripts/pip-install.sh
+source "$CHECKOUT/scripts/pip-install.sh"
+SERVER_VENV="$CACHE/server-$SERVER_VERSION-$({ "$python" -VV; cat "$PIP_CONSTRAINTS"; } | sha256sum | cut -c1-8)"
 if [ ! -f "$SERVER_VENV/complete" ]; then
   log "installing opensandbox-server==$SERVER_VERSION into $SERVER_VENV"
   rm -rf "$SERVER_VENV"
   "$python" -m venv "$SERVER_VENV"
-  "$SERVER_VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    "opensandbox-server==$SERVER_VERSION" >&2
+  pip_install "$SERVER_VENV/bin/python" "opensandbox-server==$SERVER_VERSION"
   touch "$SERVER_VENV/complete"
 fi
 

@@ -9,6 +9,7 @@ Prometheus that is missing fails them (``require_service``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -35,9 +36,18 @@ ROOT = Path(__file__).resolve().parent.parent
 START_COLLECTOR = ROOT / "scripts" / "start-collector.sh"
 FLEET_WORKER = ROOT / "tests" / "apps" / "fleet_worker.py"
 EXAMPLE_APP = ROOT / "examples" / "prometheus" / "app.py"
+
+
+def default_state_dir(checkout: Path = ROOT) -> Path:
+    """The script's state folder without NEMO_GYM_COLLECTOR_DIR: one per user and checkout
+    (the first 12 hex digits of the SHA-256 of the checkout's absolute path)."""
+    key = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+    return Path(f"/tmp/nemo-gym-collector-{os.getuid()}-{key}")
+
+
 # The state folder the script uses: NEMO_GYM_COLLECTOR_DIR (from the working directory when
-# relative), else its per-user default.
-DEFAULT_STATE_DIR = Path(f"/tmp/nemo-gym-collector-{os.getuid()}")
+# relative), else this checkout's default.
+DEFAULT_STATE_DIR = default_state_dir()
 STATE_DIR = Path(os.environ.get("NEMO_GYM_COLLECTOR_DIR") or DEFAULT_STATE_DIR).resolve()
 
 

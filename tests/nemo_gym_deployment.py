@@ -1,25 +1,30 @@
 """A real NeMo Gym deployment run by the commands of its page, docs/nemo-gym-deployment.md, and
 what reached the collector.
 
-``run_deployment()`` reads the two ``console`` blocks of ``docs/nemo-gym-deployment.md`` ("A
+``run_deployment()`` reads the three ``console`` blocks of ``docs/nemo-gym-deployment.md`` ("A
 NeMo Gym deployment: every server reports") and runs each, as written, as one ``bash -e``
 script: the first shell (the collector, a Python 3.12 virtualenv with nemo-gym 0.4.0 and this
 plugin from the clone, ``nemo-gym-otel server-venvs``, ``gym env start`` with three servers:
-the ``example_single_tool_call`` resources server, its ``simple_agent``, and the ``openai_model``
-model server), then, once the servers are ready, the second shell (``gym eval run``, 300
-rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C does (NeMo
-Gym then also sends SIGINT to each server's shell and kills that 1 s later). Only the page's
+the ``example_single_tool_call`` resources server, its ``simple_agent``, and the
+``openai_model`` model server), then, once the servers are ready, the second shell (``gym eval
+run``, 300 rollouts), then SIGINT to the first shell's process group, as a terminal's Ctrl-C
+does (NeMo Gym then also sends SIGINT to each server's shell and kills that 1 s later), then
+the third block (``nemo-gym-otel report``) in the second shell's state. Only the page's
 placeholders are filled (``fill()``): the clone's path, the working folder (a fresh one under
-/tmp: Ray's socket paths must stay under 108 characters), the model endpoint (the
-OpenAI-compatible stub in ``deployment/openai_stub.py``), the head server's port (a free one)
-and, unless measuring, a 10 minute export interval, so that each process's final export at
-shutdown is its only one. The environment gives the collector a state folder and free ports of
-the test's own, the server virtualenvs' uv cache, and ``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the
-first shell (each server divides its pool limits by two and its capacity report must say
-``workers=2``). The collector's Prometheus exporter is read once everything has stopped.
+/tmp: Ray's socket paths must stay under 108 characters), the model endpoint's port (the page's
+own ``nemo-gym-otel stub-model``, on a free port), the head server's port (a free one) and,
+unless measuring, a 10 minute export interval, so that each process's final export at shutdown
+is its only one. After the eval, an earlier run's rollout spans and counts (run
+``EARLIER_RUN``, longer than any of this run's, started before it) are sent to the same
+collector, so that the report and the tracing page's command must pick this run. The
+environment gives the collector a state folder and free ports of the test's own, the server
+virtualenvs' uv cache, and ``NEMO_GYM_FASTAPI_NUM_WORKERS=2`` to the first shell (each server
+divides its pool limits by two and its capacity report must say ``workers=2``). The collector's
+Prometheus exporter is read once everything has stopped.
 
 Every process started is ended by PID: the first shell's session (gym env start, its servers
-and Ray's daemons), anything whose command line names the run's folder, and the collector
+and Ray's daemons), anything whose command line names the run's folder (the stub model
+last: like a terminal's background job, it outlives Ctrl-C), and the collector
 (``start-collector.sh --stop`` on its state folder).
 """
 
@@ -33,7 +38,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,12 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from prometheus_client.parser import text_string_to_metric_families
 
 from waiting import eventually_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
-STUB = Path(__file__).resolve().parent / "deployment" / "openai_stub.py"
 TASKS = 5  # rows of example_single_tool_call's example.jsonl
 REPEATS = 60
 ROLLOUTS = TASKS * REPEATS  # 300 rollouts, two model calls each
@@ -63,6 +73,7 @@ MODEL = "policy_model"
 SERVERS = (RESOURCES, AGENT, MODEL)
 POOL_PREFIX = "gym_http_connection_pool_"
 CONNECT_TOTAL = "gym_http_connection_pool_connect_total"
+CONNECT_TOTAL_OTEL = "gym.http.connection_pool.connect_total"
 # NEMO_GYM_DEPLOYMENT_KILL_AFTER=1: SIGKILL each server process that long after the SIGINT.
 KILL_AFTER_S = (
     float(os.environ["NEMO_GYM_DEPLOYMENT_KILL_AFTER"])
@@ -77,7 +88,8 @@ TRACING_PAGE = ROOT / "docs" / "tracing.md"
 # The page's placeholders, which the test fills (and nothing else in its commands).
 CLONE = "~/opentelemetry-instrumentation-nemo-gym"
 WORKING_FOLDER = "~/gym-otel"
-MODEL_URL = "http://127.0.0.1:8000/v1"
+MODEL_ENDPOINT = "127.0.0.1:8000"  # the stub's address in --model-url and the curl check
+STUB_PORT = "stub-model --port 8000"
 HEAD_PORT = "port:11000"  # a free one here: 11000 may be anyone's
 EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL=15000"
 
@@ -111,6 +123,9 @@ class Deployment:
     traces: list[dict[str, Any]]  # Jaeger's traces holding a rollout span (its JSON API)
     slowest_rollouts: list[str]  # what the tracing page's command printed against this run
     jaeger_services: list[str]
+    run_id: str  # the run id the page's shells exported (NEMO_GYM_OTEL_RUN_ID)
+    report: str  # what the page's `nemo-gym-otel report` printed after Ctrl-C
+    earlier_traces: int  # the earlier run's rollout traces Jaeger held beside this run's
 
 
 @dataclass
@@ -186,24 +201,43 @@ def deployment_section() -> str:
     return re.split(r"\n#{1,3} ", text.split(f"\n{SECTION}\n", 1)[1], maxsplit=1)[0]
 
 
-def deployment_shells() -> list[str]:
-    """The page's ``console`` blocks, each as the script a user types into one shell:
-    every ``$ `` command with its continuation lines, exactly as written."""
+def deployment_commands() -> list[list[str]]:
+    """The page's ``console`` blocks, each as the commands a user types into a shell: every
+    ``$ `` command with its continuation lines, exactly as written."""
     body = deployment_section()
-    blocks: list[str] = []
-    lines: list[str] = []
+    blocks: list[list[str]] = []
+    commands: list[str] = []
     in_console = continued = False
     for line in body.splitlines():
         if line.startswith("```"):
             if in_console:
-                blocks.append("\n".join(lines))
-                lines = []
+                blocks.append(commands)
+                commands = []
             in_console = line.strip() == "```console"
             continue
-        if in_console and (continued or line.startswith("$ ")):
-            lines.append(line if continued else line[2:])
-            continued = line.endswith("\\")
+        if in_console and continued:
+            commands[-1] += "\n" + line
+        elif in_console and line.startswith("$ "):
+            commands.append(line[2:])
+        continued = in_console and line.endswith("\\")
     return blocks
+
+
+def deployment_shells() -> list[str]:
+    """The page's three shells as scripts: the first shell; the second; and the report, typed
+    into the second shell after Ctrl-C, so run after that shell's commands but its last (the
+    eval): its folder, virtualenv and exports."""
+    first, second, report = deployment_commands()
+    # The second shell's state, its commands' own output aside: the report's is what is read.
+    state = ["{", *second[:-1], "} >/dev/null"]
+    return ["\n".join(first), "\n".join(second), "\n".join([*state, *report])]
+
+
+def report_output_on_page() -> str:
+    """The ``text`` block that follows the page's report command: what it printed."""
+    body = deployment_section()
+    after = body.split("$ nemo-gym-otel report", 1)[1]
+    return re.search(r"```text\n(.*?)```", after, re.S).group(1)  # type: ignore[union-attr]
 
 
 def tracing_page_commands() -> list[str]:
@@ -235,10 +269,13 @@ def fill(shells: list[str], values: dict[str, str]) -> list[str]:
 def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[str, str]:
     """The user's shell before the page's first command: nothing of OpenTelemetry, Ray or uv
     set, no virtualenv active; the collector's state folder and free ports of the test's own."""
+    # The build caches stay (benchmarks/deployment_time.py --cold points them at empty folders).
+    caches = ("NEMO_GYM_COLLECTOR_CACHE", "NEMO_GYM_JAEGER_CACHE")
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "RAY_", "UV_", "PYTEST_", "VIRTUAL_ENV", "NEMO_GYM_"))
+        if k in caches
+        or not k.startswith(("OTEL_", "RAY_", "UV_", "PYTEST_", "VIRTUAL_ENV", "NEMO_GYM_"))
     }
     env.pop("PYTHONPATH", None)
     env.update(
@@ -278,6 +315,8 @@ class Timeline:
 
     servers_ready: float | None = None
     first_metrics: float | None = None  # first gym_http_connection_pool_connect_total scraped
+    eval_done: float | None = None  # the second shell (gym eval run) ended
+    report_done: float | None = None  # the page's `nemo-gym-otel report` printed its table
 
 
 def _watch_first_metrics(
@@ -320,9 +359,10 @@ def _jaeger(query: str, path: str) -> Any:
     return json.loads(urllib.request.urlopen(f"{query}{path}", timeout=60).read())
 
 
-def rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every trace Jaeger holds with a rollout span (from whichever service made it: the CLI's
-    name is the resource's), and every service Jaeger knows."""
+def rollout_traces(query: str, run_id: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every trace of run ``run_id`` (the ``nemo.run.id`` of the process that made it) Jaeger
+    holds with a rollout span (from whichever service made it: the CLI's name is the
+    resource's), and every service Jaeger knows."""
     services: list[str] = _jaeger(query, "/api/services")["data"] or []
     traces: dict[str, dict[str, Any]] = {}
     for service in services:
@@ -330,20 +370,24 @@ def rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
         operations = _jaeger(query, f"/api/services/{named}/operations")["data"] or []
         if ROLLOUT_SPAN not in [o["name"] if isinstance(o, dict) else o for o in operations]:
             continue
-        search = f"/api/traces?service={named}&operation={ROLLOUT_SPAN}&limit={10 * ROLLOUTS}"
+        tags = urllib.parse.quote(json.dumps({"nemo.run.id": run_id}), safe="")
+        search = (
+            f"/api/traces?service={named}&operation={ROLLOUT_SPAN}&limit={10 * ROLLOUTS}"
+            f"&tags={tags}"
+        )
         for found in _jaeger(query, f"{search}&lookback=2h")["data"] or []:
             traces[found["traceID"]] = found
     return list(traces.values()), services
 
 
-def _settled_rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]]:
+def _settled_rollout_traces(query: str, run_id: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The rollout traces once ROLLOUTS of them are stored and their span count held still
     for longer than the SDK's batch delay (5 s), so each process's last batch is in; bounded
     at 180 s (then whatever is stored, for the test to report)."""
     previous = [-1]
 
     def settled() -> tuple[list[dict[str, Any]], list[str]] | None:
-        traces, services = rollout_traces(query)
+        traces, services = rollout_traces(query, run_id)
         spans = sum(len(t["spans"]) for t in traces)
         still = len(traces) >= ROLLOUTS and spans == previous[0]
         previous[0] = spans
@@ -352,7 +396,52 @@ def _settled_rollout_traces(query: str) -> tuple[list[dict[str, Any]], list[str]
     try:
         return eventually_blocking(settled, f"{ROLLOUTS} rollout traces held still", 180, 7)
     except AssertionError:
-        return rollout_traces(query)
+        return rollout_traces(query, run_id)
+
+
+# An earlier run in the same collector and Jaeger: its rollouts (longer than any of this run's)
+# and a count, which the report and the tracing page's command must leave out.
+EARLIER_RUN = "run-earlier"
+EARLIER_ROLLOUTS = 3
+EARLIER_CONNECTS = 7
+
+
+def send_earlier_run(otlp_endpoint: str) -> None:
+    """Send, over OTLP/HTTP as the CLI would, an earlier run's rollout spans (100 s each, ended
+    20 s ago) and one connect count, from a process of run ``EARLIER_RUN``."""
+    resource = Resource(
+        {
+            "service.name": "nemo-gym/orchestrator",
+            "service.instance.id": "earlier-orchestrator",
+            "nemo.run.id": EARLIER_RUN,
+            "nemo.gym.server.name": "orchestrator",
+            "nemo.gym.server.type": "orchestrator",
+        }
+    )
+    tracer_provider = TracerProvider(resource=resource)
+    exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = tracer_provider.get_tracer("earlier-run")
+    now = time.time_ns()
+    for task in range(EARLIER_ROLLOUTS):
+        span = tracer.start_span(
+            ROLLOUT_SPAN,
+            start_time=now - 120 * 10**9,
+            attributes={
+                "nemo.gym.rollout.task_index": task,
+                "nemo.gym.rollout.rollout_index": 0,
+                "nemo.gym.rollout.agent": AGENT,
+            },
+        )
+        span.end(end_time=now - 20 * 10**9)
+    tracer_provider.shutdown()
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics"), export_interval_millis=600_000
+    )
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    connects = meter_provider.get_meter("earlier-run").create_counter(CONNECT_TOTAL_OTEL)
+    connects.add(EARLIER_CONNECTS, {"nemo.gym.http.destination.server.name": AGENT})
+    meter_provider.shutdown()  # its one export
 
 
 # Ray gives up on a cluster that has gone after 60 s; a process of ours holding a server open
@@ -430,28 +519,23 @@ def run_deployment(
     env = _environment(folder, collector_state, uv_cache)
     timeline = timeline if timeline is not None else Timeline()
     stop_watching = threading.Event()
-    stub = None
     gym = None
+    stub_pid = 0  # the page's stub model, found once the first shell has started it
     leftovers: list[str] = []
     try:
-        port_file = folder / "stub.port"
-        stub = subprocess.Popen(
-            [sys.executable, str(STUB), str(port_file)], env=env, start_new_session=True
-        )
-        eventually_blocking(port_file.exists, "the stub's port", 60, 0.5)
-        stub_port = int(port_file.read_text())
+        stub_port = free_port()
         placeholders = {
             CLONE: str(clone),
             WORKING_FOLDER: str(work),
-            MODEL_URL: f"http://127.0.0.1:{stub_port}/v1",
+            MODEL_ENDPOINT: f"127.0.0.1:{stub_port}",
+            STUB_PORT: f"stub-model --port {stub_port}",
             HEAD_PORT: f"port:{free_port()}",
         }
         if not measure:
             # Ten minutes: each process's final export at shutdown is its only one.
             placeholders[EXPORT_INTERVAL] = "OTEL_METRIC_EXPORT_INTERVAL=600000"
         shells = deployment_shells()
-        assert len(shells) == 2, f"the page has {len(shells)} console blocks, not 2"
-        first_shell, second_shell = fill(shells, placeholders)
+        first_shell, second_shell, report_shell = fill(shells, placeholders)
 
         start = time.monotonic()
         if measure:
@@ -481,6 +565,8 @@ def run_deployment(
         # Bounds, not timings: a cold pip cache and collector build take minutes.
         eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
         timeline.servers_ready = time.monotonic() - start
+        stub_pid = _stub_model_pid(gym.pid, folder)
+        run_id = (work / "run-id").read_text().strip()
         eval_log = folder / "second-shell.log"
         with eval_log.open("w") as log:
             second = subprocess.run(
@@ -493,6 +579,7 @@ def run_deployment(
                 timeout=900,
                 check=False,
             )
+        timeline.eval_done = time.monotonic() - start
         assert second.returncode == 0, eval_log.read_text(errors="replace")[-4000:]
         stats = json.loads(
             urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stats", timeout=10).read()
@@ -500,14 +587,23 @@ def run_deployment(
         # Before Ctrl-C: every process's spans leave within the SDK's batch delay.
         jaeger_query = _collector_lines(collector_state, "jaeger.env").get("JAEGER_QUERY")
         assert jaeger_query, "the deployment page's start-collector.sh line started no Jaeger"
-        traces, jaeger_services = _settled_rollout_traces(jaeger_query)
+        # Now, so that its counts are within the collector's 5 minutes when the report runs.
+        send_earlier_run(_collector_lines(collector_state)["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        traces, jaeger_services = _settled_rollout_traces(jaeger_query, run_id)
+
+        def earlier_run_stored() -> bool:
+            return len(rollout_traces(jaeger_query, EARLIER_RUN)[0]) >= EARLIER_ROLLOUTS
+
+        eventually_blocking(earlier_run_stored, "the earlier run's rollouts in Jaeger", 60, 0.5)
+        earlier_traces = len(rollout_traces(jaeger_query, EARLIER_RUN)[0])
         if os.environ.get("NEMO_GYM_DEPLOYMENT_TRACES"):
             Path(os.environ["NEMO_GYM_DEPLOYMENT_TRACES"]).write_text(json.dumps(traces))
         (find_slow,) = tracing_page_commands()
         slowest = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", find_slow],
             cwd=folder,
-            env={**env, "JAEGER_QUERY": jaeger_query},
+            # The second shell's: Jaeger's address and this run's id.
+            env={**env, "JAEGER_QUERY": jaeger_query, "NEMO_GYM_OTEL_RUN_ID": run_id},
             capture_output=True,
             text=True,
             timeout=120,
@@ -519,7 +615,7 @@ def run_deployment(
         # server's shell, kills that shell 1 s later, and shuts down its Ray cluster.
         servers = {
             pid: _describe(pid)
-            for pid in _session_and_folder_pids(gym.pid, folder, stub.pid)
+            for pid in _session_and_folder_pids(gym.pid, folder, stub_pid)
             if _describe(pid).strip() == "python app.py"
         }
         os.killpg(gym.pid, signal.SIGINT)
@@ -539,16 +635,33 @@ def run_deployment(
         # left are ended and reported.
         with contextlib.suppress(AssertionError):
             eventually_blocking(
-                lambda: not _session_and_folder_pids(gym.pid, folder, stub.pid),
+                lambda: not _session_and_folder_pids(gym.pid, folder, stub_pid),
                 "every process of the session gone",
                 60,
                 0.5,
             )
-        leftovers = end_by_pid(gym.pid, folder, stub.pid)
+        leftovers = end_by_pid(gym.pid, folder, stub_pid)
         # The collector's batch processor forwards within a second; give it a few.
         time.sleep(3)
-        processes = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
-        port_taken = _head_port_taken(shells, placeholders, folder, env, stub.pid)
+        scraped = _scrape(_collector_lines(collector_state)["COLLECTOR_PROMETHEUS"])
+        # This run's and its Ray processes', not the earlier run's the test sent.
+        processes = {
+            key: process
+            for key, process in scraped.items()
+            if process.resource.get("nemo_run_id") != EARLIER_RUN
+        }
+        report = subprocess.run(
+            ["bash", "-e", "-c", report_shell],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        timeline.report_done = time.monotonic() - start
+        assert report.returncode == 0, report.stderr[-4000:]
+        port_taken = _head_port_taken(shells, placeholders, folder, env, stub_pid)
         server_logs = {
             server: (work / "logs" / f"{server}.log").read_text(errors="replace")
             for server in SERVERS
@@ -576,18 +689,21 @@ def run_deployment(
             traces=traces,
             slowest_rollouts=slowest.stdout.splitlines(),
             jaeger_services=jaeger_services,
+            run_id=run_id,
+            report=report.stdout,
+            earlier_traces=earlier_traces,
         )
     finally:
         stop_watching.set()
         if gym is not None:
             # After a failure midway: end what is left (reported by the test that failed).
-            end_by_pid(gym.pid, folder, stub.pid if stub is not None else 0)
+            end_by_pid(gym.pid, folder, stub_pid)
             if gym.poll() is None:
                 gym.kill()
             gym.wait(timeout=30)
-        if stub is not None:
-            stub.kill()
-            stub.wait()
+        if stub_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub_pid, signal.SIGKILL)
         subprocess.run(
             ["bash", str(ROOT / "scripts" / "start-collector.sh"), "--stop"],
             env={**os.environ, "NEMO_GYM_COLLECTOR_DIR": str(collector_state)},
@@ -597,6 +713,25 @@ def run_deployment(
         shutil.rmtree(collector_state, ignore_errors=True)
         if os.environ.get("NEMO_GYM_DEPLOYMENT_KEEP") != "1":
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stub_model_pid(session: int, folder: Path) -> int:
+    """The PID of the page's ``nemo-gym-otel stub-model``, a background job of the first
+    shell (so of its session)."""
+
+    def command_line(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    stubs = [
+        pid
+        for pid in _session_and_folder_pids(session, folder)
+        if "nemo-gym-otel stub-model" in command_line(pid)
+    ]
+    assert len(stubs) == 1, [_describe(pid) for pid in stubs]
+    return stubs[0]
 
 
 def table(deployment: Deployment) -> str:

@@ -8,9 +8,11 @@ ones, which another run on the machine may hold or want.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +25,9 @@ import pytest
 
 from collector_support import (
     DEFAULT_STATE_DIR,
+    ROOT,
     START_COLLECTOR,
+    default_state_dir,
     http_status,
     read_ports,
 )
@@ -216,7 +220,7 @@ def test_start_collector_relative_state_and_cache_from_the_callers_folder(
 
 
 def test_start_collector_default_state_folder_is_per_user(tmp_path: Path) -> None:
-    """Without NEMO_GYM_COLLECTOR_DIR each user has a state folder of their own."""
+    """Without NEMO_GYM_COLLECTOR_DIR each user has a state folder of their own (per checkout)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM")}
     # Another user's --stop: it looks in that user's folder, never in this one's. The script
     # goes in on stdin, as this checkout's folders need not be readable by that user.
@@ -233,8 +237,76 @@ def test_start_collector_default_state_folder_is_per_user(tmp_path: Path) -> Non
         )
 
     assert done.returncode == 0, done.stderr
-    assert f"/tmp/nemo-gym-collector-{NOBODY}" in done.stderr
-    assert Path(f"/tmp/nemo-gym-collector-{os.getuid()}") == DEFAULT_STATE_DIR
+    # Read from stdin, the script's checkout is its working folder's parent: "/" here.
+    assert f"/tmp/nemo-gym-collector-{NOBODY}-{_checkout_key(Path('/'))}" in done.stderr
+    assert DEFAULT_STATE_DIR.name == f"nemo-gym-collector-{os.getuid()}-{_checkout_key(ROOT)}"
+
+
+def _checkout_key(checkout: Path) -> str:
+    return hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+
+
+def _clone(destination: Path) -> Path:
+    """A ``git clone`` of this checkout, with this checkout's start-collector.sh (its
+    uncommitted edits too: the script under test is the one beside this test)."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(destination)], check=True, timeout=120)
+    (destination / "scripts" / "start-collector.sh").write_bytes(START_COLLECTOR.read_bytes())
+    return destination
+
+
+def _pid_of(state: Path) -> int:
+    return int((state / "collector.pid").read_text())
+
+
+def test_start_collector_two_clones_each_stop_only_their_own(tmp_path: Path) -> None:
+    """Two clones, each starting its script without NEMO_GYM_COLLECTOR_DIR, run two collectors
+    from two state folders (the build is shared); --stop from one leaves the other's running,
+    whichever folder it is called from."""
+    clones = [_clone(tmp_path / "first"), _clone(tmp_path / "second")]
+    states = [default_state_dir(clone) for clone in clones]
+    env = {key: value for key, value in os.environ.items() if key != "NEMO_GYM_COLLECTOR_DIR"}
+    env["NEMO_GYM_COLLECTOR_PORTS"] = "0,0,0"
+    elsewhere = tmp_path / "working-folder"
+    elsewhere.mkdir()
+
+    def script(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(clone / "scripts" / "start-collector.sh"), *args],
+            env=env,
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=900,  # a first build on a fresh machine takes minutes
+            check=False,
+        )
+
+    try:
+        started = [script(clone) for clone in clones]
+        for done in started:
+            assert done.returncode == 0, done.stderr
+        assert states[0] != states[1]
+        pids = [_pid_of(state) for state in states]
+        assert pids[0] != pids[1]
+        endpoints = [_endpoints(done.stdout.splitlines()) for done in started]
+        assert all(_answers(*pair) for pair in endpoints)
+        # One build, cached by the hash of its inputs: both run the same binary.
+        binaries = {read_ports(state)["COLLECTOR_BINARY"] for state in states}
+        assert len(binaries) == 1, binaries
+        assert "building the collector" not in started[1].stderr
+
+        stopped = script(clones[0], "--stop")
+
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"stopped the collector (pid {pids[0]})" in stopped.stderr
+        assert not _running(pids[0])
+        assert _running(pids[1])
+        assert _answers(*endpoints[1])
+        assert _pid_of(states[1]) == pids[1]
+    finally:
+        for clone in clones:
+            script(clone, "--stop")
+        for state in states:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def test_start_collector_refuses_a_state_folder_of_another_user(

@@ -34,12 +34,14 @@ from nemo_gym_deployment import (
     CLONE,
     EXPORT_INTERVAL,
     HEAD_PORT,
-    MODEL_URL,
+    MODEL_ENDPOINT,
+    STUB_PORT,
     TRACING_PAGE,
     WORKING_FOLDER,
     deployment_section,
     deployment_shells,
     fill,
+    report_output_on_page,
 )
 from ray_walkthrough import RAY_PAGE, walkthrough_commands
 
@@ -317,17 +319,23 @@ def test_docs_install_lines_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     assert sys.prefix != str(home)
 
 
-def test_docs_deployment_walkthrough_has_two_shells_and_every_placeholder() -> None:
+def test_docs_deployment_walkthrough_has_three_shells_and_every_placeholder() -> None:
     """The deployment page still has what tests/test_nemo_gym_deployment.py fills and runs (its
-    own section is heavy; this fails in the main suite the moment the page loses a piece)."""
+    own section is heavy; this fails in the main suite the moment the page loses a piece): two
+    shells, the report typed into the second afterwards, and the output the report printed."""
     shells = deployment_shells()
-    assert len(shells) == 2, shells
+    assert len(shells) == 3, shells
     values = {placeholder: f"<{placeholder}>" for placeholder in (CLONE, WORKING_FOLDER)}
-    values |= {MODEL_URL: "<model>", HEAD_PORT: "<port>", EXPORT_INTERVAL: "<interval>"}
-    first, second = fill(shells, values)
+    values |= {MODEL_ENDPOINT: "<model>", STUB_PORT: "<stub>", HEAD_PORT: "<port>"}
+    values |= {EXPORT_INTERVAL: "<interval>"}
+    first, second, report = fill(shells, values)
     assert "gym env start" in first
+    assert "<stub>" in first
     assert "gym eval run" in second
+    assert report.splitlines()[-1].startswith("nemo-gym-otel report")
+    assert "gym eval run" not in report
     assert HEAD_PORT not in first + second
+    assert report_output_on_page().startswith("run ")
 
 
 def test_docs_python_blocks_all_accounted_for() -> None:

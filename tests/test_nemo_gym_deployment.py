@@ -18,6 +18,7 @@ still all arrive.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections import defaultdict
 from typing import Any
@@ -26,6 +27,9 @@ import pytest
 
 from nemo_gym_deployment import (
     AGENT,
+    EARLIER_CONNECTS,
+    EARLIER_ROLLOUTS,
+    EARLIER_RUN,
     KILL_AFTER_S,
     MODEL,
     REPEATS,
@@ -37,6 +41,7 @@ from nemo_gym_deployment import (
     Deployment,
     by_service,
     connects_to,
+    report_output_on_page,
     run_deployment,
     table,
 )
@@ -53,6 +58,7 @@ def deployment() -> Deployment:
             print(f"{server}: {line}")
     print(f"servers' exit after SIGINT, seconds: {run.server_exit_seconds}")
     print(f"head port taken: {run.port_taken}")
+    print(f"nemo-gym-otel report:\n{run.report}")
     return run
 
 
@@ -273,3 +279,61 @@ def test_deployment_tracing_page_lists_the_slowest_rollouts(deployment: Deployme
         )[:10]
     ]
     assert deployment.slowest_rollouts == expected
+
+
+# --- the page's `nemo-gym-otel report` ------------------------------------------------------------
+
+
+def _connection_rows(report: str) -> list[tuple[str, str, int | None]]:
+    """The report's connections table as (server, destination, connects) rows."""
+    section = report.split("Connections per server", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in section.splitlines()[2:]:  # after the heading's rest and the column names
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[1:2] == ["(no requests)"]:
+            rows.append((cells[0], cells[1], None))
+        else:
+            rows.append((cells[0], cells[1], int(cells[2])))
+    return rows
+
+
+def _shape(report: str) -> list[str]:
+    """The report's lines with the run id, numbers and bars masked and spaces collapsed; the
+    line naming other runs in the collector left out (the page's collector held one run)."""
+    shape = []
+    for line in report.splitlines():
+        if line.startswith("(the collector also holds"):
+            continue
+        line = re.sub(r"^run \S+:", "run RUN:", line)
+        line = re.sub(r"\d+(\.\d+)?", "N", re.sub("█+", "BAR", line))
+        shape.append(" ".join(line.split()))
+    return shape
+
+
+def test_deployment_report_matches_the_page(deployment: Deployment) -> None:
+    """The page's `nemo-gym-otel report`, run after Ctrl-C, prints this run's table as the page
+    shows it: the same rows, the same connects per server and destination, numbers aside."""
+    report, page = deployment.report, report_output_on_page()
+    assert report.startswith(f"run {deployment.run_id}: "), report
+    assert _connection_rows(report) == _connection_rows(page), report
+    assert _shape(report) == _shape(page), report
+
+
+def test_deployment_report_leaves_out_the_earlier_run(deployment: Deployment) -> None:
+    """The report names the earlier run the collector also holds and counts none of its
+    connects: its rows are this run's, the model endpoint's requests exactly."""
+    assert f"(the collector also holds runs {EARLIER_RUN}: --run-id picks one)" in deployment.report
+    rows = {
+        (server, destination): n for server, destination, n in _connection_rows(deployment.report)
+    }
+    assert rows[(service(MODEL), "external")] == deployment.served
+    # The CLI's 301 of this run, not 301 + the earlier run's EARLIER_CONNECTS.
+    orchestrators = [n for (server, dest), n in rows.items() if server.startswith("nemo-gym/orch")]
+    assert orchestrators == [ROLLOUTS + 1], (orchestrators, EARLIER_CONNECTS, deployment.report)
+
+
+def test_deployment_jaeger_holds_the_earlier_run_apart(deployment: Deployment) -> None:
+    """Jaeger holds the earlier run's rollouts beside this run's, told apart by nemo.run.id:
+    the tracing page's command had them to leave out."""
+    assert deployment.earlier_traces == EARLIER_ROLLOUTS
+    assert len(deployment.traces) == ROLLOUTS

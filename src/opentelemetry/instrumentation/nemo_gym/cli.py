@@ -10,6 +10,12 @@ the flag as typed). ``--json`` prints one JSON object instead, for scripts.
 start`` runs its servers in, with OpenTelemetry and this plugin in each (``_server_venvs``),
 and exits 0 when every server is ready, 1 when a server failed, and 2 on bad input (one line
 naming the file or argument and the problem).
+
+``nemo-gym-otel stub-model [--port 8000]`` serves an OpenAI-compatible stub model on loopback
+(``_stub_model``), for the deployment walk-through without a model server.
+
+``nemo-gym-otel report [--run-id ID]`` prints one run's connections, queue waits, event-loop lag
+and sandboxes from the collector's Prometheus exporter (``$COLLECTOR_PROMETHEUS``; ``_report``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _server_venvs
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import (
+    _report,
+    _server_venvs,
+    _stub_model,
+)
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     FieldNames,
@@ -107,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object to stdout instead, for scripts"
     )
     _server_venvs.add_parser(commands)
+    _stub_model.add_parser(commands)
+    _report.add_parser(commands)
     return parser
 
 
@@ -156,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:
         # --help and --version exit through argparse; turn that into a return value.
         return done.code if isinstance(done.code, int) else EXIT_SAFE
+    if args.command == "stub-model":
+        return _stub_model.run(args)
+    if args.command == "report":
+        return _report.run(args)
     try:
         return _capacity(args)
     except ValueError as error:
