@@ -97,23 +97,8 @@ config_arg() {
 exec 9>"$STATE_DIR/lock"
 flock 9
 
-# Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot. It does not
-# change across exec, and a later process that reuses the PID has another.
-start_time() {
-  local stat fields
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  # Field 2 (the command name, in parentheses) may hold spaces: count from the last ')'.
-  read -r -a fields <<<"${stat##*) }"
-  echo "${fields[19]}"
-}
-
-# Whether the process runs (a zombie no longer does: it only waits for its parent to reap it).
-alive() {
-  local stat state
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  read -r state _ <<<"${stat##*) }"
-  [ "$state" != Z ] && [ "$state" != X ]
-}
+# shellcheck source=scripts/owned-process.sh
+source "$checkout/scripts/owned-process.sh"
 
 # identity NAME KEY: what NAME's identity file recorded at its start.
 identity() { sed -n "s/^$2=//p" "$(identity_file "$1")" 2>/dev/null | head -n 1; }
@@ -142,19 +127,8 @@ our_process() {
 }
 our_collector() { our_process collector; }
 
-# end_process NAME PID: SIGTERM, then SIGKILL if it still runs after 10 s.
-end_process() {
-  local name="$1" pid="$2"
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do
-    alive "$pid" || break
-    sleep 0.1
-  done
-  if our_process "$name" >/dev/null; then
-    log "pid $pid still runs after 10 s; sending SIGKILL"
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-}
+# end_process NAME PID: SIGTERM, then SIGKILL if it is still NAME's after 10 s.
+end_process() { end_owned "$2" our_process "$1"; }
 end_collector() { end_process collector "$1"; }
 
 if [ "$mode" = stop ]; then

@@ -73,19 +73,8 @@ PORT_FILE="$STATE_DIR/server.env"
 exec 9>"$STATE_DIR/lock"
 flock 9
 
-# Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
-start_time() {
-  local stat fields
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  read -r -a fields <<<"${stat##*) }"
-  echo "${fields[19]}"
-}
-alive() {
-  local stat state
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  read -r state _ <<<"${stat##*) }"
-  [ "$state" != Z ] && [ "$state" != X ]
-}
+# shellcheck source=scripts/owned-process.sh
+source "$CHECKOUT/scripts/owned-process.sh"
 identity() { sed -n "s/^$1=//p" "$IDENTITY_FILE" 2>/dev/null | head -n 1; }
 
 # The PID of the server this state folder started, while it still runs; fails otherwise.
@@ -104,18 +93,7 @@ our_server() {
   return 1
 }
 
-end_server() {
-  local pid="$1"
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do
-    alive "$pid" || break
-    sleep 0.1
-  done
-  if our_server >/dev/null; then
-    log "pid $pid still runs after 10 s; sending SIGKILL"
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-}
+end_server() { end_owned "$1" our_server; }
 
 if [ "$mode" = stop ]; then
   if pid="$(our_server)"; then

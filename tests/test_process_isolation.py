@@ -24,6 +24,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PREFIX
+from waiting import eventually
 
 TOKEN = f"escape-{uuid.uuid4().hex}"
 CONTAINED_NOTE = "must fail inside bubblewrap"
@@ -293,11 +294,8 @@ async def test_process_isolation_fork_bomb_is_contained() -> None:
         directories = cgroup.unique_dirs()
         holder = sandbox.raw.jail.holder
         bomb = asyncio.ensure_future(provider.exec(sandbox, FORK_BOMB, timeout_s=120))
-        for _ in range(3000):  # until the kernel has refused a fork: the bomb hit the limit
-            if pids_refused(cgroup) > 0:
-                break
-            await asyncio.sleep(0.01)
-        assert pids_refused(cgroup) > 0
+        # Until the kernel has refused a fork: the bomb hit the limit.
+        await eventually(lambda: pids_refused(cgroup) > 0, "a fork refused by pids.max", 30, 0.01)
         assert len(_cgroups.cgroup_pids(cgroup)) <= 32
         host = await asyncio.create_subprocess_exec("/bin/true")
         assert await host.wait() == 0
