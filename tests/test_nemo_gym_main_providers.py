@@ -212,12 +212,13 @@ async def receiver() -> AsyncIterator[Receiver]:
         await runner.cleanup()
 
 
-async def _start_user_script(
-    script: Path, provider: str, receiver: Receiver
-) -> asyncio.subprocess.Process:
+def instrumented_env(service: str, receiver: Receiver, interval_s: str) -> dict[str, str]:
+    """This process's environment without its OTEL_ and NEMO_GYM variables, for a user script
+    under ``opentelemetry-instrument`` as ``service``: spans and metrics over OTLP/HTTP to
+    ``receiver``, sandbox samples every ``interval_s`` seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NEMO_GYM"))}
     env.update(
-        OTEL_SERVICE_NAME=provider,
+        OTEL_SERVICE_NAME=service,
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_METRICS_EXPORTER="otlp",
         OTEL_LOGS_EXPORTER="none",
@@ -225,8 +226,15 @@ async def _start_user_script(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
         OTEL_BSP_SCHEDULE_DELAY="100",
         OTEL_METRIC_EXPORT_INTERVAL="60000",  # read once, at shutdown
-        OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL="0.2",
+        OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL=interval_s,
     )
+    return env
+
+
+async def _start_user_script(
+    script: Path, provider: str, receiver: Receiver
+) -> asyncio.subprocess.Process:
+    env = instrumented_env(provider, receiver, interval_s="0.2")
     return await asyncio.create_subprocess_exec(
         str(INSTRUMENT),
         sys.executable,

@@ -30,7 +30,13 @@ from typing import Any
 import pytest
 
 from conftest import INSTRUMENT
-from test_nemo_gym_main_providers import Receiver, _samples, _shown, receiver
+from test_nemo_gym_main_providers import (
+    Receiver,
+    _samples,
+    _shown,
+    instrumented_env,
+    receiver,
+)
 
 pytestmark = [pytest.mark.opensandbox, pytest.mark.integration]
 
@@ -199,20 +205,11 @@ async def user_script(
     every 2 s (a metrics call takes about 1 s: execd's CPU window), else every 0.5 s."""
     script = tmp_path / "user_script.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NEMO_GYM"))}
+    env = instrumented_env(service, receiver, "2" if docker_host == NO_ENGINE else "0.5")
     env.update(
         OPENSANDBOX_DOMAIN=server.domain,
         OPENSANDBOX_API_KEY=server.key,
         DOCKER_HOST=docker_host,
-        OTEL_SERVICE_NAME=service,
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
-        OTEL_BSP_SCHEDULE_DELAY="100",
-        OTEL_METRIC_EXPORT_INTERVAL="60000",
-        OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL="2" if docker_host == NO_ENGINE else "0.5",
     )
     process = await asyncio.create_subprocess_exec(
         str(INSTRUMENT),
