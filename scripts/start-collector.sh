@@ -168,14 +168,9 @@ fi
 SRC="$(cd "$(dirname "$0")/collector" && pwd -P)"
 
 # 1. Go: the collector's modules need a newer Go than Debian's.
-go_bin="${GO:-}"
-if [ -z "$go_bin" ]; then
-  if [ -x /usr/local/go/bin/go ]; then go_bin=/usr/local/go/bin/go; else go_bin="$(command -v go || true)"; fi
-fi
-if [ -z "$go_bin" ] || ! "$go_bin" version >/dev/null 2>&1; then
-  log "no Go found (set GO=/path/to/go; the collector modules need go >= $(sed -n 's/^go //p' "$SRC/go.mod"))"
-  exit 1
-fi
+# shellcheck source=scripts/find-go.sh
+source "$checkout/scripts/find-go.sh"
+find_go "the collector modules need go >= $(sed -n 's/^go //p' "$SRC/go.mod")"
 
 # build NAME SOURCE_DIR BINARY TARGET KEY_FILES...: build TARGET (a package, or . for the module
 # itself) of the Go module in SOURCE_DIR into BINARY, once per set of build inputs.

@@ -108,14 +108,9 @@ if [ "$mode" = stop ]; then
 fi
 
 # 1. execd, built once per source and Go version.
-go_bin="${GO:-}"
-if [ -z "$go_bin" ]; then
-  if [ -x /usr/local/go/bin/go ]; then go_bin=/usr/local/go/bin/go; else go_bin="$(command -v go || true)"; fi
-fi
-if [ -z "$go_bin" ] || ! "$go_bin" version >/dev/null 2>&1; then
-  log "no Go found (set GO=/path/to/go)"
-  exit 1
-fi
+# shellcheck source=scripts/find-go.sh
+source "$CHECKOUT/scripts/find-go.sh"
+find_go
 if [ -f "$source_path" ]; then
   source_id="archive $(sha256sum "$source_path" | cut -d' ' -f1)"
 elif [ -d "$source_path/components/execd" ]; then

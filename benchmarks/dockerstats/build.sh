@@ -15,14 +15,9 @@ HERE="$(cd "$(dirname "$0")" && pwd -P)"
 BUILDER_VERSION=v0.149.0
 cache="${NEMO_GYM_DOCKERSTATS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/dockerstats}"
 
-go_bin="${GO:-}"
-if [ -z "$go_bin" ]; then
-  if [ -x /usr/local/go/bin/go ]; then go_bin=/usr/local/go/bin/go; else go_bin="$(command -v go || true)"; fi
-fi
-if [ -z "$go_bin" ] || ! "$go_bin" version >/dev/null 2>&1; then
-  log "no Go found (set GO=/path/to/go)"
-  exit 1
-fi
+# shellcheck source=scripts/find-go.sh
+source "$HERE/../../scripts/find-go.sh"
+find_go
 # The builder runs `go` from PATH: make it the one chosen here.
 export PATH="$(dirname "$go_bin"):$PATH"
 
