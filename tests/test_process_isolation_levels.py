@@ -133,6 +133,27 @@ def test_process_isolation_option_is_checked() -> None:
         ProcessSandboxProvider(pids_limit=0)
 
 
+async def test_process_isolation_read_only_path_under_tmp_is_visible(tmp_path: Path) -> None:
+    """A read_only_paths entry under the host's /tmp (a virtualenv in a checkout there) shows
+    inside the sandbox, read-only, over its private /tmp."""
+    require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+    shared = tmp_path / "venv"
+    shared.mkdir()
+    (shared / "marker").write_text("seen\n")
+    assert str(shared).startswith("/tmp/")
+    provider = ProcessSandboxProvider(cgroups=False, read_only_paths=[str(shared)])
+    try:
+        sandbox = await provider.create(SandboxSpec())
+        seen = await provider.exec(sandbox, f"cat {shared}/marker")
+        written = await provider.exec(sandbox, f"echo x > {shared}/marker")
+        await provider.close(sandbox)
+    finally:
+        await provider.aclose()
+    assert (seen.return_code, seen.stdout) == (0, "seen\n")
+    assert written.return_code != 0
+    assert (shared / "marker").read_text() == "seen\n"
+
+
 async def test_process_isolation_create_error_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

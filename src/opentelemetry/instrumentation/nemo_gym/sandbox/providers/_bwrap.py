@@ -112,11 +112,13 @@ def mounts(root: Path, tmp: Path, network: bool, read_only_paths: tuple[str, ...
     args = _system_directories()
     for path in _ETC_FOR_COMMANDS + (_ETC_FOR_NETWORK if network else ()):
         args += ["--ro-bind-try", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    # Later mounts cover earlier ones: the private /tmp first, then what may lie under /tmp on
+    # the host (a virtualenv in read_only_paths, the sandbox directory), so that it shows.
+    args += ["--bind", str(tmp), "/tmp"]  # noqa: S108
     for path in read_only_paths:
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    # /tmp before the sandbox directory, which may lie under /tmp on the host.
-    args += ["--bind", str(tmp), "/tmp", "--bind", str(root), str(root)]  # noqa: S108
+    args += ["--bind", str(root), str(root)]
     return args
 
 
