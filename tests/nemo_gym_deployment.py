@@ -44,6 +44,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,6 +503,30 @@ def _head_port_taken(
             gym.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def ctrl_c_reaches_the_shells() -> Iterator[None]:
+    """SIGINT with its default action in every shell started meanwhile, as in a terminal's
+    foreground command, whatever the test process inherited.
+
+    A test process started as a background job of a non-interactive shell (``pytest ... &``,
+    ``(nohup pytest ... &)``) has SIGINT ignored, and an ignored signal stays ignored through
+    fork and exec: bash cannot reset a signal ignored at its start, and Python then installs no
+    KeyboardInterrupt handler. The test's Ctrl-C (SIGINT to the first shell's process group)
+    would reach nobody: ``gym env start`` waiting for a head server it cannot start, its
+    servers' shells and ``tee`` run on. (With the servers up it looks fine: uvicorn sets its own
+    handler, the servers end, and gym env start stops because they did.) A handler of this
+    process's own, unlike an ignored signal, is reset to the default action at exec.
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main thread only
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_deployment(
     *,
     clone: Path = ROOT,
@@ -511,6 +536,13 @@ def run_deployment(
 ) -> Deployment:
     """Run the page's two shells, as written, and collect what arrived; see the
     module. ``measure``: keep the page's export interval and record ``timeline``."""
+    with ctrl_c_reaches_the_shells():
+        return _run_deployment(clone, uv_cache, measure, timeline)
+
+
+def _run_deployment(
+    clone: Path, uv_cache: Path, measure: bool, timeline: Timeline | None
+) -> Deployment:
     folder = Path(tempfile.mkdtemp(prefix="ngd-", dir="/tmp"))
     # The collector's state outside the deployment's folder: end_by_pid() ends whatever names
     # that folder, and the collector must outlive the deployment.
