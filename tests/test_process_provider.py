@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -522,3 +523,33 @@ def test_cgroup_v2_files_written_and_read_back(tmp_path: Path) -> None:
     (directory / "cpu.max").write_text("max 100000\n")
     (directory / "memory.max").write_text("max\n")
     assert _cgroups.cgroup_limits(made) == SandboxResourceAmounts()
+
+
+async def test_process_provider_forgets_a_session_once_it_has_ended(
+    plain_provider: ProcessSandboxProvider,
+) -> None:
+    """A command that left nothing running gives its session id back at once (the kernel may
+    reuse the number for a stranger, whom a close or a sample must never reach); one that left
+    a background process keeps it until that process is gone."""
+    sandbox = await plain_provider.create(SandboxSpec())
+    state = plain_provider._sandboxes[sandbox.sandbox_id]
+    await plain_provider.exec(sandbox, "true")
+    assert state.sessions == set()
+    result = await plain_provider.exec(sandbox, "sleep 60 >/dev/null 2>&1 & echo $!")
+    assert len(state.sessions) == 1
+    (session,) = state.sessions
+    background = int(result.stdout)
+    os.kill(host_pid(pid_namespace(sandbox), background) or 0, signal.SIGKILL)
+
+    def session_ended() -> bool:
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await eventually(session_ended, "the background process killed and reaped", interval=0.01)
+    sample = await plain_provider.resource_sample(sandbox)
+    assert state.sessions == set()
+    assert sample[PREFIX + "usage.pids"] == 0
+    await plain_provider.close(sandbox)

@@ -212,6 +212,23 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def forget_ended_sessions(state: Sandbox) -> None:
+    """Drop the sessions of ``state`` that no process is in any more.
+
+    A command's session id is its first process's PID. Once the last process of the session
+    is gone the kernel may give that number to any new process, and a later kill or sample by
+    the number would reach a stranger (another sandbox's command, or any process on the host).
+    While one process of the session lives, the number stays taken.
+    """
+    for session in list(state.sessions):
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            state.sessions.discard(session)
+        except PermissionError:
+            pass  # a process of the group lives (under another user): the number is taken
+
+
 # Killed commands of cancelled execs, reaped beside the cancellation (the loop keeps only weak
 # references to tasks).
 _REAPING: set[asyncio.Task[int]] = set()
@@ -286,6 +303,8 @@ async def run_command(
         for reader in readers:
             reader.cancel()
         raise
+    # Reaped: a command that left nothing running has ended its session, whose id is now free.
+    forget_ended_sessions(state)
     # Background processes may hold the pipes open after the command ended: take what
     # arrived within a short grace and leave the rest.
     _, pending = await asyncio.wait(readers, timeout=_OUTPUT_GRACE_S)
@@ -308,6 +327,7 @@ async def run_command(
 async def kill_all(state: Sandbox) -> None:
     """Kill every process of the sandbox: its commands' groups, its cgroup's members (or,
     without one, every process in its commands' sessions), until none is left (bounded)."""
+    forget_ended_sessions(state)  # never a group whose number may belong to a stranger now
     for session in state.sessions:
         kill_group(session)
     cgroup = state.cgroup

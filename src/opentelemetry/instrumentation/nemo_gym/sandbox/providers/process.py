@@ -44,6 +44,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox i
     check_env,
     check_options,
     check_spec,
+    forget_ended_sessions,
     inside,
     kill_all,
     make_directory,
@@ -388,6 +389,7 @@ class ProcessSandboxProvider:
         if sample is not None:
             return sample
         state = self._open(handle)
+        forget_ended_sessions(state)  # a reused session id would count a stranger's processes
         sessions = await self._proc_scan.sessions()
         pids = memory = 0
         for session in state.sessions:
