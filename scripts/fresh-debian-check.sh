@@ -68,7 +68,10 @@ echo "== podman run --rm ${privileged[*]:-(unprivileged)}"
 status=0
 # --cgroupns=private: the container's cgroups are its own tree, rooted at /, as on a machine
 # (Podman's default on a cgroup v1 host shares the host's view in /proc/<pid>/cgroup).
-podman run --rm "${privileged[@]}" --cgroupns=private "${local_cas[@]}" \
+# --ulimit nofile=1024:524288: a fresh Debian 12's own descriptor limits (systemd's default),
+# not the 1024:1024 that scripts/start-podman.sh gives containers.
+podman run --rm "${privileged[@]}" --cgroupns=private --ulimit nofile=1024:524288 \
+  "${local_cas[@]}" \
   --volume "$work/clone:/root/clone" --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
     update-ca-certificates >/dev/null 2>&1
     echo "$(. /etc/os-release; echo "$PRETTY_NAME") (Debian $(cat /etc/debian_version)), $(python3 --version)"

@@ -40,4 +40,8 @@ pip_install "$venv/bin/python" \
 # library, so it is installed alone (tests needing more use scripts/nemo-gym-server-env.sh).
 pip_install "$venv/bin/python" --no-deps --ignore-requires-python 'nemo-gym==0.4.0'
 "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
+# Each sandbox isolated by bubblewrap holds six descriptors in this process (docs/sandboxes.md),
+# and one test opens 200 at once: take the soft descriptor limit up to the hard one (a login's
+# soft limit is often 1024, its hard limit far above).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 exec "$venv/bin/python" -m pytest "$@"
