@@ -68,9 +68,10 @@ echo "== podman run --rm ${privileged[*]:-(unprivileged)}"
 status=0
 # --cgroupns=private: the container's cgroups are its own tree, rooted at /, as on a machine
 # (Podman's default on a cgroup v1 host shares the host's view in /proc/<pid>/cgroup).
-# --ulimit nofile=1024:524288: a fresh Debian 12's own descriptor limits (systemd's default),
+# --ulimit nofile=1024:HARD: a fresh Debian 12's soft descriptor limit (1024) under a hard one
+# far above it (systemd's default is 524288; here as high as this machine's own hard limit),
 # not the 1024:1024 that scripts/start-podman.sh gives containers.
-podman run --rm "${privileged[@]}" --cgroupns=private --ulimit nofile=1024:524288 \
+podman run --rm "${privileged[@]}" --cgroupns=private --ulimit "nofile=1024:$(ulimit -Hn)" \
   "${local_cas[@]}" \
   --volume "$work/clone:/root/clone" --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
     update-ca-certificates >/dev/null 2>&1
