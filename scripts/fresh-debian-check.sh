@@ -71,7 +71,9 @@ status=0
 # --ulimit nofile=1024:HARD: a fresh Debian 12's soft descriptor limit (1024) under a hard one
 # far above it (systemd's default is 524288; here as high as this machine's own hard limit),
 # not the 1024:1024 that scripts/start-podman.sh gives containers.
+# (Any --ulimit replaces containers.conf's list, so its process limit is given again.)
 podman run --rm "${privileged[@]}" --cgroupns=private --ulimit "nofile=1024:$(ulimit -Hn)" \
+  --ulimit nproc=1024:1024 \
   "${local_cas[@]}" \
   --volume "$work/clone:/root/clone" --workdir /root/clone --env HOME=/root --env LANG=C.UTF-8 "$image" bash -c '
     update-ca-certificates >/dev/null 2>&1
