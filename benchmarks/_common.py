@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     MetricExporter,
@@ -139,13 +139,18 @@ class PassThroughConnector(aiohttp.TCPConnector):
         await super()._wait_for_available_connection(key, traces)
 
 
-def bare_recorder(provider: MeterProvider) -> Callable[[], None]:
-    """A function making one bare SDK record shaped like ours (name, unit, buckets, attributes)."""
-    histogram = provider.get_meter("benchmark.floor").create_histogram(
+def _queue_histogram(provider: MeterProvider, meter_name: str) -> Histogram:
+    """A histogram with our queue-wait instrument's name, unit and buckets, on its own meter."""
+    return provider.get_meter(meter_name).create_histogram(
         _instruments.QUEUE_DURATION,
         unit=_instruments.QUEUE_DURATION_UNIT,
         explicit_bucket_boundaries_advisory=_instruments.QUEUE_DURATION_BUCKETS,
     )
+
+
+def bare_recorder(provider: MeterProvider) -> Callable[[], None]:
+    """A function making one bare SDK record shaped like ours (name, unit, buckets, attributes)."""
+    histogram = _queue_histogram(provider, "benchmark.floor")
     attributes = {
         _instruments.ATTR_QUEUE_CONSTRAINT: "total",
         _instruments.ATTR_QUEUE_OUTCOME: _instruments.OUTCOME_OK,
@@ -182,11 +187,7 @@ def queue_trace_config(provider: MeterProvider | None) -> aiohttp.TraceConfig:
         trace_config.on_connection_queued_end.append(ignore)
         trace_config.freeze()
         return trace_config
-    histogram = provider.get_meter("benchmark.trace_config").create_histogram(
-        _instruments.QUEUE_DURATION,
-        unit=_instruments.QUEUE_DURATION_UNIT,
-        explicit_bucket_boundaries_advisory=_instruments.QUEUE_DURATION_BUCKETS,
-    )
+    histogram = _queue_histogram(provider, "benchmark.trace_config")
     attributes = {
         _instruments.ATTR_QUEUE_CONSTRAINT: "unknown",
         _instruments.ATTR_QUEUE_OUTCOME: _instruments.OUTCOME_OK,
