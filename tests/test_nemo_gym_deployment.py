@@ -30,7 +30,6 @@ from nemo_gym_deployment import (
     EARLIER_CONNECTS,
     EARLIER_ROLLOUTS,
     EARLIER_RUN,
-    KILL_AFTER_S,
     MODEL,
     REPEATS,
     RESOURCES,
@@ -87,10 +86,9 @@ def test_deployment_resource_names_each_server(deployment: Deployment) -> None:
     in the run gym env start began (nemo.run.id)."""
     services = by_service(deployment)
     runs: set[str | None] = set()
-    # Killed 1 s after SIGINT, a server that never built a timed connector (the resources
-    # server makes no requests) has no pool data to flush early, and its resource is lost
-    # with its SDK's own final export; the servers with pool data must still arrive.
-    for server in SERVERS if KILL_AFTER_S is None else (AGENT, MODEL):
+    # Killed 1 s after SIGINT too: the resources server makes no requests, and its event-loop
+    # lag leaves first thing at exit all the same.
+    for server in SERVERS:
         processes = services.get(service(server), [])
         assert processes, (server, table(deployment))
         for process in processes:
@@ -254,9 +252,7 @@ def test_deployment_one_trace_per_rollout(deployment: Deployment) -> None:
 def test_deployment_every_server_lag_and_process_metrics(deployment: Deployment) -> None:
     """Each server's event-loop lag histogram and its four process metrics reach the collector."""
     services = by_service(deployment)
-    # Killed 1 s after SIGINT, the resources server (no pool, so no early flush) loses its
-    # only export, as its resource above.
-    for server in SERVERS if KILL_AFTER_S is None else (AGENT, MODEL):
+    for server in SERVERS:
         series = set().union(*(p.series for p in services.get(service(server), [])))
         assert LAG_COUNT in series, (server, sorted(series)[:40])
         missing = [name for name in PROCESS_SERIES if name not in series]

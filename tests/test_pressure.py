@@ -41,6 +41,7 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs 
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
 from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import _fresh_context_at_startup
+from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import CONNECT_TOTAL
 
 APPS = Path(__file__).with_name("apps")
 
@@ -401,6 +402,25 @@ def test_pressure_zero_code_uvicorn_server_reports() -> None:
     assert {_pressure.GC_PAUSE, _pressure.GC_COLLECTIONS, _pressure.GC_COUNT} <= set(found)
     assert set(_pressure.PROCESS_METRICS) <= set(found)
     assert not [name for name in found if name.startswith("system.")]
+
+
+def test_pressure_server_without_a_pool_exports_before_earlier_exit_handlers() -> None:
+    """A uvicorn server that never builds a connection pool (NeMo Gym's resources server)
+    still sends its loop lag first thing at exit, before exit handlers registered earlier run
+    (and are killed: NeMo Gym kills a server one second after its SIGINT)."""
+    result = run_under_instrument(
+        APPS / "uvicorn_server_killed_at_exit.py",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="system_metrics",
+        OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS="10",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported, killed, after = result.stdout.partition("KILLED")
+    assert killed, result.stdout[-3000:]
+    assert after.strip() == ""
+    found = console_metrics(exported)
+    (lag,) = found[_pressure.LOOP_LAG]
+    assert lag["max"] >= (HOLD_S - 0.01) * 1000, lag
+    assert CONNECT_TOTAL not in found
 
 
 async def test_pressure_gc_during_metrics_collection_does_not_deadlock(

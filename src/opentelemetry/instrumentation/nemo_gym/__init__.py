@@ -413,7 +413,13 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         def exporting_provider() -> metrics.MeterProvider | None:
             # Resolved when a server starts: the global provider may be set after instrument().
             provider = meter_provider or metrics.get_meter_provider()
-            return provider if metrics_export_status(provider)[0] else None
+            if not metrics_export_status(provider)[0]:
+                return None
+            # Registered now, after the application's imports, as for a pool: a server that
+            # never builds one (NeMo Gym's resources server) still sends its loop's last lag
+            # before a kill (see _exit_flush).
+            flush_at_exit(provider)
+            return provider
 
         return _uvicorn_pressure_patch(exporting_provider)
 

@@ -5,7 +5,8 @@ registered when ``opentelemetry-instrument`` configured it: the first registered
 *last* to run. A NeMo Gym server imports Ray and NeMo Gym after that, and their exit handlers
 (closing the global aiohttp client, shutting down Ray) run first and take seconds, while NeMo
 Gym kills a server one second after its SIGINT. ``flush_at_exit(provider)``, called when the
-first timed connector is built (after the application's own imports), registers a handler
+first timed connector is built and when a uvicorn server starts with the pressure metrics
+(both after the application's own imports), registers a handler
 that runs first at exit and starts that last export then, on the periodic reader's own thread
 (``start_last_exports``): the export the SDK's shutdown waits for anyway, started earlier. It
 waits for it at most ``EXIT_WAIT_S``; the SDK's shutdown later finds it done or under way.
