@@ -6,8 +6,8 @@ docs/nemo-gym-deployment.md through ``tests/nemo_gym_deployment.run_deployment``
 ready, to the first ``gym_http_connection_pool_connect_total`` the collector's Prometheus
 exporter shows (polled every second), to the end of ``gym eval run``, and to the table of
 ``nemo-gym-otel report`` (after Ctrl-C). ``--cold`` points pip's, uv's and Go's caches
-(``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``, ``GOPATH``) and the collector's
-and Jaeger's build caches (``NEMO_GYM_COLLECTOR_CACHE``, ``NEMO_GYM_JAEGER_CACHE``) at empty
+(``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``, ``GOPATH``) and the build
+cache of the collector's and Jaeger's one binary (``NEMO_GYM_COLLECTOR_CACHE``) at empty
 folders beside the clone, so the real caches are neither used nor touched. Run from the
 repository root (about 30 minutes cold on 2 busy cores, 5 warm):
 
@@ -44,7 +44,6 @@ def main() -> None:
             ("GOCACHE", "go-build"),
             ("GOPATH", "go-path"),
             ("NEMO_GYM_COLLECTOR_CACHE", "collector"),
-            ("NEMO_GYM_JAEGER_CACHE", "jaeger"),
         ):
             os.environ[variable] = str(base / folder)
         uv_cache = base / "uv"

@@ -2,19 +2,22 @@
 # Build and start an OpenTelemetry Collector on loopback: the one the docs export to
 # (docs/nemo-gym-deployment.md) and the OTLP tests send to.
 #
-# Idempotent, like scripts/start-podman.sh: builds the collector from scripts/collector/
-# (main.go, go.mod, go.sum: the collector's own Go modules, no downloaded binary) with the
-# machine's Go once, into a cache folder outside the repository keyed by a hash of those
-# inputs and the Go version; starts it unless the one it started earlier from the same state
-# folder still answers. It listens on the standard ports (OTLP/HTTP 4318, OTLP/gRPC 4317, its
-# Prometheus exporter on 8889) where they are free, says so, and takes a free port for each one
-# that is not. Logs go to stderr. Stdout is, as its last two lines,
+# Idempotent, like scripts/start-podman.sh: builds one Go binary with the machine's Go once,
+# Jaeger v1.76.0 (scripts/jaeger/: its Go module from the Go module proxy, pinned by go.mod and
+# go.sum, no downloaded binary), into a cache folder outside the repository keyed by a hash of
+# those inputs and the Go version. Jaeger v2 is a distribution of the OpenTelemetry Collector
+# whose binary also holds the components the collector needs (the OTLP receiver, the batch
+# processor, the Prometheus and debug exporters, the OTLP exporter), so that one build runs
+# both processes: the collector (scripts/collector/config.yaml.in) and, with --jaeger, Jaeger
+# (scripts/jaeger/jaeger.yaml.in). It starts the collector unless the one it started earlier
+# from the same state folder still answers. It listens on the standard ports (OTLP/HTTP 4318,
+# OTLP/gRPC 4317, its Prometheus exporter on 8889) where they are free, says so, and takes a
+# free port for each one that is not. Logs go to stderr. Stdout is, as its last two lines,
 #   COLLECTOR_PROMETHEUS=http://127.0.0.1:<port>/metrics   (the collector's Prometheus exporter)
 #   OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:<port>    (OTLP over HTTP)
 # or, with --env, only `export KEY=VALUE` lines for a shell to take as they are:
 #   eval "$(bash scripts/start-collector.sh --env)"
-# `--jaeger` also builds Jaeger v1.76.0 (scripts/jaeger/: its Go module from the Go module
-# proxy, pinned by go.sum; cached like the collector) and starts it first, on loopback, with an
+# `--jaeger` also starts Jaeger first, a second process of the same binary, on loopback, with an
 # in-memory trace store, and the collector sends it every trace it receives (OTLP/gRPC). Its
 # query service and UI (http://127.0.0.1:16686 where that port is free) is printed before the
 # last two lines as
@@ -32,8 +35,9 @@
 #                             hex digits of the SHA-256 of this checkout's absolute path: one
 #                             per user and checkout, so two checkouts never stop each other's
 #                             collector; it must belong to you)
-#   NEMO_GYM_COLLECTOR_CACHE  build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/collector)
-#   NEMO_GYM_JAEGER_CACHE     Jaeger's build cache (default ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/jaeger)
+#   NEMO_GYM_COLLECTOR_CACHE  the build cache of the one binary (default
+#                             ${XDG_CACHE_HOME:-~/.cache}/nemo-gym-otel/collector); the former
+#                             NEMO_GYM_JAEGER_CACHE is no longer read (said so on stderr)
 #   NEMO_GYM_JAEGER_PORT      the port to try first for Jaeger's query service and UI
 #                             (default 16686; 0 means any free port); its other ports are free ones
 #   NEMO_GYM_COLLECTOR_PORTS  the ports to try first, OTLP/HTTP,OTLP/gRPC,Prometheus
@@ -65,7 +69,6 @@ checkout="$(cd "$(dirname "$0")/.." && pwd -P)"
 checkout_key="$(printf '%s' "$checkout" | sha256sum | cut -c1-12)"
 state_dir="${NEMO_GYM_COLLECTOR_DIR:-/tmp/nemo-gym-collector-$uid-$checkout_key}"
 cache="${NEMO_GYM_COLLECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/collector}"
-jaeger_cache="${NEMO_GYM_JAEGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/jaeger}"
 preferred_ports="${NEMO_GYM_COLLECTOR_PORTS:-4318,4317,8889}"
 preferred_jaeger_port="${NEMO_GYM_JAEGER_PORT:-16686}"
 
@@ -165,12 +168,19 @@ if [ "$jaeger" = yes ] && { ! [[ "$preferred_jaeger_port" =~ ^[0-9]{1,5}$ ]] ||
   exit 2
 fi
 
-SRC="$(cd "$(dirname "$0")/collector" && pwd -P)"
+# The collector's configuration template, and the Go module (and Jaeger's configuration
+# template) of the one binary that runs both processes.
+COLLECTOR_SRC="$checkout/scripts/collector"
+JAEGER_SRC="$checkout/scripts/jaeger"
 
-# 1. Go: the collector's modules need a newer Go than Debian's.
+# 1. Go: Jaeger's modules need a newer Go than Debian's.
 # shellcheck source=scripts/find-go.sh
 source "$checkout/scripts/find-go.sh"
-find_go "the collector modules need go >= $(sed -n 's/^go //p' "$SRC/go.mod")"
+find_go "Jaeger's modules need go >= $(sed -n 's/^go //p' "$JAEGER_SRC/go.mod")"
+if [ -n "${NEMO_GYM_JAEGER_CACHE:-}" ]; then
+  log "NEMO_GYM_JAEGER_CACHE is no longer read: the collector and Jaeger are one build, cached" \
+    "in NEMO_GYM_COLLECTOR_CACHE"
+fi
 
 # build NAME SOURCE_DIR BINARY TARGET KEY_FILES...: build TARGET (a package, or . for the module
 # itself) of the Go module in SOURCE_DIR into BINARY, once per set of build inputs.
@@ -275,21 +285,14 @@ wait_until() {
   exit 1
 }
 
-# 2. The binaries, each built once per set of build inputs.
+# 2. The binary, built once per set of build inputs: Jaeger's own module, at the version
+# scripts/jaeger/go.mod's tool line pins. It runs the collector and, with --jaeger, Jaeger.
 mkdir -p "$cache"
 CACHE="$(cd "$cache" && pwd -P)"
-key="$( (cat "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go"; "$go_bin" version) | sha256sum | cut -c1-16)"
-BIN="$CACHE/$key/nemo-gym-otelcol"
-build "the collector" "$SRC" "$BIN" .
-if [ "$jaeger" = yes ]; then
-  JAEGER_SRC="$(cd "$(dirname "$0")/jaeger" && pwd -P)"
-  mkdir -p "$jaeger_cache"
-  JAEGER_CACHE="$(cd "$jaeger_cache" && pwd -P)"
-  jaeger_key="$( (cat "$JAEGER_SRC/go.mod" "$JAEGER_SRC/go.sum"; "$go_bin" version) | sha256sum | cut -c1-16)"
-  JAEGER_BIN="$JAEGER_CACHE/$jaeger_key/jaeger"
-  # Jaeger's own module, at the version scripts/jaeger/go.mod's tool line pins.
-  build "Jaeger" "$JAEGER_SRC" "$JAEGER_BIN" github.com/jaegertracing/jaeger/cmd/jaeger
-fi
+key="$( (cat "$JAEGER_SRC/go.mod" "$JAEGER_SRC/go.sum"; "$go_bin" version) | sha256sum | cut -c1-16)"
+BIN="$CACHE/$key/jaeger"
+build "the collector (Jaeger v1.76.0's binary, which runs Jaeger too)" "$JAEGER_SRC" "$BIN" \
+  github.com/jaegertracing/jaeger/cmd/jaeger
 
 # 3. Jaeger (with --jaeger), unless the one started earlier still answers.
 jaeger_answers() {
@@ -299,7 +302,7 @@ jaeger_answers() {
 }
 if [ "$jaeger" = yes ]; then
   if pid="$(our_process jaeger)"; then
-    if [ "$(identity jaeger EXE)" != "$JAEGER_BIN" ]; then
+    if [ "$(identity jaeger EXE)" != "$BIN" ]; then
       log "Jaeger pid $pid runs another build ($(identity jaeger EXE)); replacing it"
       end_process jaeger "$pid"
     elif ! jaeger_answers; then
@@ -320,7 +323,7 @@ if [ "$jaeger" = yes ]; then
       echo "JAEGER_QUERY=http://127.0.0.1:$query"
       echo "JAEGER_OTLP_GRPC_PORT=$jaeger_otlp"
     } >"$JAEGER_FILE"
-    launch jaeger "$JAEGER_BIN"
+    launch jaeger "$BIN"
     wait_until jaeger jaeger_answers
     log "Jaeger started (pid $(cat "$(pid_file jaeger)"), log $STATE_DIR/jaeger.log)"
   fi
@@ -377,7 +380,7 @@ if ! our_collector >/dev/null; then
   sed -e "$drop_jaeger" -e "s/@OTLP_HTTP_PORT@/$otlp_http/" -e "s/@OTLP_GRPC_PORT@/$otlp_grpc/" \
     -e "s/@PROMETHEUS_PORT@/$prom/" -e "s/@SELF_METRICS_PORT@/$self/" \
     -e "s|@TRACES_EXPORTER@|$traces_exporter|" -e "s/@JAEGER_OTLP_GRPC_PORT@/${JAEGER_OTLP_GRPC_PORT:-}/" \
-    "$SRC/config.yaml.in" >"$STATE_DIR/config.yaml"
+    "$COLLECTOR_SRC/config.yaml.in" >"$STATE_DIR/config.yaml"
   {
     echo "COLLECTOR_PROMETHEUS=http://127.0.0.1:$prom/metrics"
     echo "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$otlp_http"

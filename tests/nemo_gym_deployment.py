@@ -270,8 +270,8 @@ def fill(shells: list[str], values: dict[str, str]) -> list[str]:
 def _environment(folder: Path, collector_state: Path, uv_cache: Path) -> dict[str, str]:
     """The user's shell before the page's first command: nothing of OpenTelemetry, Ray or uv
     set, no virtualenv active; the collector's state folder and free ports of the test's own."""
-    # The build caches stay (benchmarks/deployment_time.py --cold points them at empty folders).
-    caches = ("NEMO_GYM_COLLECTOR_CACHE", "NEMO_GYM_JAEGER_CACHE")
+    # The build cache stays (benchmarks/deployment_time.py --cold points it at an empty folder).
+    caches = ("NEMO_GYM_COLLECTOR_CACHE",)
     env = {
         k: v
         for k, v in os.environ.items()

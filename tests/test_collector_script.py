@@ -132,12 +132,19 @@ def test_start_collector_is_idempotent_and_stops_by_pid(
 
 
 def test_start_collector_stop_spares_a_process_naming_the_collector(tmp_path: Path) -> None:
-    """--stop leaves alone a process whose command line merely contains nemo-gym-otelcol."""
+    """--stop leaves alone a process whose command line merely names the binary and the config."""
     state = tmp_path / "collector"
     state.mkdir(mode=0o700)
-    # A `pgrep -f nemo-gym-otelcol` loop, say: it ends when its stdin closes.
+    # A `pgrep -f "jaeger --config"` loop, say: it ends when its stdin closes.
     decoy = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "nemo-gym-otelcol"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stdin.read()",
+            "jaeger",
+            "--config",
+            f"file:{state / 'config.yaml'}",
+        ],
         stdin=subprocess.PIPE,
     )
     try:
@@ -388,6 +395,23 @@ def test_start_collector_env_prints_only_export_lines(
     assert shell.stdout == f"{otlp} {prometheus}\n"
 
 
+def test_start_collector_former_jaeger_cache_variable_is_said_unread(
+    tmp_path: Path, stopped_afterwards: list[Path]
+) -> None:
+    """NEMO_GYM_JAEGER_CACHE, from when Jaeger was a build of its own, is named as unread and
+    nothing is built or written there."""
+    state = tmp_path / "collector"
+    stopped_afterwards.append(state)
+    former = tmp_path / "jaeger-cache"
+
+    done = _run(state, NEMO_GYM_JAEGER_CACHE=str(former))
+
+    assert done.returncode == 0, done.stderr
+    assert "NEMO_GYM_JAEGER_CACHE is no longer read" in done.stderr
+    assert _answers(*_endpoints(done.stdout.splitlines()))
+    assert not former.exists()
+
+
 @pytest.mark.parametrize("ports", ["4318", "4318,4317,nope", "4318,4317,70000"])
 def test_start_collector_malformed_ports_exit_2(
     tmp_path: Path, stopped_afterwards: list[Path], ports: str
@@ -407,8 +431,9 @@ def test_start_collector_malformed_ports_exit_2(
 def test_start_collector_jaeger_receives_the_collectors_traces(
     tmp_path: Path, stopped_afterwards: list[Path]
 ) -> None:
-    """--jaeger starts Jaeger on loopback before the collector, which sends it every trace it
-    receives; the query URL is printed (and exported by --env); --stop ends both by PID."""
+    """--jaeger starts Jaeger on loopback before the collector, from the collector's binary, and
+    the collector sends it every trace it receives; the query URL is printed (and exported by
+    --env); --stop ends both by PID."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -422,6 +447,10 @@ def test_start_collector_jaeger_receives_the_collectors_traces(
     _, otlp = _endpoints(lines)
     jaeger_pid = int((state / "jaeger.pid").read_text())
     collector_pid = int((state / "collector.pid").read_text())
+    # One build runs both: the binary the script recorded for the collector.
+    binary = read_ports(state)["COLLECTOR_BINARY"]
+    assert os.readlink(f"/proc/{collector_pid}/exe") == binary
+    assert os.readlink(f"/proc/{jaeger_pid}/exe") == binary
     env_lines = _script(state, "--env")
     assert env_lines[-1] == f"export JAEGER_QUERY={query}"
     assert int((state / "collector.pid").read_text()) == collector_pid  # kept, not replaced
