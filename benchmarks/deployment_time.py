@@ -9,7 +9,7 @@ exporter shows (polled every second), to the end of ``gym eval run``, and to the
 (``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``GOMODCACHE``, ``GOCACHE``, ``GOPATH``) and the build
 cache of the collector's and Jaeger's one binary (``NEMO_GYM_COLLECTOR_CACHE``) at empty
 folders beside the clone, so the real caches are neither used nor touched. Run from the
-repository root (about 30 minutes cold on 2 busy cores, 5 warm):
+repository root (about 10 minutes cold on 2 busy cores, 5 warm):
 
     .venv/bin/python benchmarks/deployment_time.py --cold
     .venv/bin/python benchmarks/deployment_time.py
