@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -434,27 +435,20 @@ async def wait_throttled(
     )
 
 
-def cpu_periods(sandbox: SandboxHandle) -> int:
-    """The CFS periods in which the sandbox's cgroup ran (``nr_periods`` of its cpu.stat)."""
-    cgroup = sandbox.raw.cgroup
-    assert cgroup is not None
-    lines = cgroup.file("cpu", "cpu.stat").read_text().splitlines()
-    return int(next(line.split()[1] for line in lines if line.startswith("nr_periods ")))
-
-
 async def test_process_provider_cpu_limit_throttles(provider: ProcessSandboxProvider) -> None:
     """CPU-bound commands under 0.5 CPU are throttled and never get more than half a core."""
     require_cgroups(provider)
     sandbox = await provider.create(SandboxSpec(resources={"cpu": 0.5}))
+    started = time.monotonic()
     await provider.exec(sandbox, BURNERS)
     sample = await wait_throttled(provider, sandbox)
-    # Read after the sample: the periods only grow, so the bound below only loosens.
-    periods = cpu_periods(sandbox)
+    wall = time.monotonic() - started
     await provider.close(sandbox)
     assert sample[USAGE + "cpu.throttled_periods"] > 0  # type: ignore[operator]
-    # The quota is 50 ms of each 100 ms period the group ran in (the kernel's own count of
-    # them), plus one period's overrun: its bandwidth is handed out in 5 ms slices.
-    assert sample[USAGE + "cpu.time_s"] <= (periods + 1) * 0.05  # type: ignore[operator]
+    # The quota is 50 ms per 100 ms period: at most half of the wall time, plus a period. (An
+    # upper bound on CPU time, which a loaded machine only makes easier to meet; the kernel's
+    # nr_periods is no base for it, as it counts only periods its bandwidth timer ran.)
+    assert sample[USAGE + "cpu.time_s"] <= wall * 0.5 + 0.15  # type: ignore[operator]
 
 
 async def test_process_provider_memory_limit_oom_kills(provider: ProcessSandboxProvider) -> None:
