@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -142,11 +143,26 @@ class PortTaken:
         return [p for p in self.processes if p.service == service]
 
 
+# Ports the kernel never hands out on its own (below its ephemeral range) and Ray does not take
+# (its workers' default range is 10002-19999): a port picked here for a process that binds it
+# minutes later (after pip) stays free meanwhile, where a port-0 pick can be handed to any
+# outgoing connection or free-port listener first (CI once lost the stub model's port so).
+_UNCLAIMED_PORTS_START = 20000
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free loopback port below the kernel's ephemeral range, from a random starting point."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(_UNCLAIMED_PORTS_START, max(low, _UNCLAIMED_PORTS_START + 1)))
+    start = random.randrange(len(candidates))
+    for port in candidates[start:] + candidates[:start]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free loopback port in {candidates[0]}-{candidates[-1]}")
 
 
 def _session_and_folder_pids(session: int, folder: Path, spare: int = 0) -> list[int]:
@@ -597,7 +613,7 @@ def _run_deployment(
         # Bounds, not timings: a cold pip cache and collector build take minutes.
         eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
         timeline.servers_ready = time.monotonic() - start
-        stub_pid = _stub_model_pid(gym.pid, folder)
+        stub_pid = _stub_model_pid(gym.pid, folder, work / "stub-model.log")
         run_id = (work / "run-id").read_text().strip()
         eval_log = folder / "second-shell.log"
         with eval_log.open("w") as log:
@@ -747,9 +763,9 @@ def _run_deployment(
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _stub_model_pid(session: int, folder: Path) -> int:
+def _stub_model_pid(session: int, folder: Path, log: Path) -> int:
     """The PID of the page's ``nemo-gym-otel stub-model``, a background job of the first
-    shell (so of its session)."""
+    shell (so of its session); its ``log`` says why when there is none."""
 
     def command_line(pid: int) -> str:
         try:
@@ -762,7 +778,9 @@ def _stub_model_pid(session: int, folder: Path) -> int:
         for pid in _session_and_folder_pids(session, folder)
         if "nemo-gym-otel stub-model" in command_line(pid)
     ]
-    assert len(stubs) == 1, [_describe(pid) for pid in stubs]
+    if len(stubs) != 1:
+        told = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        raise AssertionError(f"stub models {[_describe(pid) for pid in stubs]}; {log}:\n{told}")
     return stubs[0]
 
 
