@@ -30,9 +30,10 @@ python="${PYTHON:-python3}"
 test_globs=(tests/test_client_*.py tests/test_connector.py tests/test_proxy.py
   tests/test_proxy_functional.py tests/test_resolver.py)
 # aiohttp's test tools for those files (requirements/test.txt names the ones each release uses,
-# pinned; a name it does not list is not installed, except pytest-timeout below).
+# pinned; a name it does not list is not installed, except pytest-timeout below). coverage is
+# not run: 3.14's pytest.ini filters one of its warnings by class, which pytest must import.
 tools=(pytest pytest-mock freezegun trustme proxy-py re-assert blockbuster uvloop isal zlib-ng
-  aiodns pycares brotli backports-zstd)
+  aiodns pycares brotli backports-zstd coverage)
 # The same in both modes: aiohttp's own marker selection, a per-test timeout (a test that needs
 # the outside network fails or skips instead of hanging), no cache between the runs.
 common_args=(-o addopts= -p no:cacheprovider -p _suite_outcomes --strict-markers -ra -q
@@ -57,8 +58,13 @@ for version in "${versions[@]}"; do
       -d "$work" "opentelemetry-instrumentation-aiohttp-client==$contrib_version"
     tar -xzf "$work/opentelemetry_instrumentation_aiohttp_client-$contrib_version.tar.gz" -C "$work"
   fi
-  # Installed again whenever this script's list of what to install changes.
-  stamp="$(printf '%s\n' "$version" "$contrib_version" "${tools[@]}" | sha256sum | cut -c1-16)"
+  # Contrib's source package has no pytest configuration: without one of its own, pytest would
+  # take this checkout's pyproject.toml, above it (our filterwarnings, our asyncio options).
+  [ -f "$contrib/pytest.ini" ] || printf '[pytest]\n' >"$contrib/pytest.ini"
+  # Installed again whenever what it installs changes: this list, the package's requirements,
+  # the constraints.
+  stamp="$( (printf '%s\n' "$version" "${tools[@]}"; cat pyproject.toml constraints.txt) |
+    sha256sum | cut -c1-16)"
   if [ "$(cat "$venv/.aiohttp-suite-installed" 2>/dev/null)" != "$stamp" ]; then
     "$python" -m venv --clear "$venv"
     pip_install "$venv/bin/python" --upgrade pip
@@ -76,7 +82,8 @@ for version in "${versions[@]}"; do
       opentelemetry-instrumentation-aiohttp-client opentelemetry-test-utils http-server-mock
     echo "$stamp" >"$venv/.aiohttp-suite-installed"
   fi
-  "$venv/bin/python" -c 'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
+  "$venv/bin/python" -c \
+    'import aiohttp, sys; print(f"aiohttp {aiohttp.__version__}, python {sys.version.split()[0]}")'
   files=()
   for glob in "${test_globs[@]}"; do
     for file in "$sdist"/$glob; do
@@ -89,7 +96,8 @@ for version in "${versions[@]}"; do
   "$venv/bin/python" scripts/aiohttp_suite/compare_outcomes.py --name "aiohttp $version" \
     --python "$venv/bin/python" --cwd "$sdist" --results "$work/aiohttp" \
     -- "${common_args[@]}" -- "${files[@]}" || status=1
-  "$venv/bin/python" scripts/aiohttp_suite/compare_outcomes.py --name "contrib aiohttp-client $contrib_version on aiohttp $version" \
+  "$venv/bin/python" scripts/aiohttp_suite/compare_outcomes.py \
+    --name "contrib aiohttp-client $contrib_version on aiohttp $version" \
     --python "$venv/bin/python" --cwd "$contrib" --results "$work/contrib" --contrib \
     -- "${common_args[@]}" -- tests/ || status=1
 done
