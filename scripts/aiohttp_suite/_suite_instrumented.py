@@ -28,8 +28,10 @@ rewritten here: a change to the timed connector's methods is what these tests ru
 buffered waits), and the connects (``gym.http.connection_pool.connect_total``) and queue waits
 (``gym.http.connection_pool.queue_duration_ms`` samples) the test added are written, with the
 number of TCPConnector and BaseConnector pools timed in it, to the JSON file named by
-``AIOHTTP_SUITE_TIMED``. compare_outcomes.py requires connects and waits overall, and waits in
-tests that built a timed ``BaseConnector``.
+``AIOHTTP_SUITE_TIMED``, with the names of every metric recorded by the end (the pressure
+metrics among them: the patch's ``choose`` starts them in each loop that builds a pool).
+compare_outcomes.py requires connects and waits overall, and waits in tests that built a timed
+``BaseConnector``.
 """
 
 from __future__ import annotations
@@ -106,6 +108,19 @@ def timed_base_connector_class() -> type[aiohttp.BaseConnector]:
             "the timed BaseConnector of scripts/aiohttp_suite cannot be built"
         )
     return timed
+
+
+def _metric_names(reader: InMemoryMetricReader) -> list[str]:
+    """The names of every metric the reader collects now, sorted."""
+    data = reader.get_metrics_data()
+    return sorted(
+        {
+            metric.name
+            for resource_metrics in (data.resource_metrics if data is not None else ())
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+        }
+    )
 
 
 def _sum_points(reader: InMemoryMetricReader, name: str) -> int:
@@ -199,6 +214,7 @@ class _Recorder:
             "connects": self._connects,
             "waits": self._waits,
             "harness_failures": self._failures,
+            "metrics": _metric_names(self._reader),
             "tests": self._tests,
         }
         Path(os.environ[TIMED_VARIABLE]).write_text(json.dumps(document, indent=1, sort_keys=True))

@@ -192,6 +192,7 @@ def main(argv: Sequence[str]) -> int:
             f"{len(base_tests)} tests built a timed BaseConnector, "
             f"{sum(1 for c in base_tests.values() if c['waits'] > 0)} of them recorded waits"
         )
+        print(f"  metrics recorded: {', '.join(tally.get('metrics', []))}")
         failures += timed_path_problems(tally, require_base_waits=not args.contrib)
     elif not runner.broken:
         failures.append(f"the instrumented run wrote no {timed_file}")
