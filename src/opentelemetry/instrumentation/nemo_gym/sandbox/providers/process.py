@@ -20,8 +20,9 @@ then says ``source = "process"`` with no limits.
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
 
-The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies go to a thread, and
-subprocess I/O uses asyncio.
+The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies (``_transfers``, which
+opens paths in the sandbox following no symlink) go to a thread, and subprocess I/O uses
+asyncio.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox i
     check_options,
     check_spec,
     forget_ended_sessions,
-    inside,
     kill_all,
     make_directory,
     make_temporary,
     run_command,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._transfers import (
+    download,
+    open_working_directory,
+    upload,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -257,42 +262,53 @@ class ProcessSandboxProvider:
         if user is not None:
             raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
         timeout = _positive_seconds("timeout_s", timeout_s)
-        directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
         command_env = {**state.env, **check_env("env", env)}
-        if state.jail is None:
-            argv, cwd_on_host = ["/bin/sh", "-c", command], directory
-        else:
-            assert state.tmp is not None  # made with the jail
-            mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
-            argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
-            cwd_on_host = state.root
-        return await run_command(
-            state,
-            argv,
-            cwd=cwd_on_host,
-            env=command_env,
-            timeout=timeout,
-            max_output=self._max_output,
-        )
+        directory, opened = state.workdir, None
+        if cwd is not None:
+            # Opened following no symlink, so that a command cannot point it out of the sandbox.
+            directory, opened = open_working_directory(state, "cwd", cwd)
+        try:
+            if state.jail is None:
+                # Through the descriptor, not by name: the directory checked, even if a command
+                # has swapped a symlink in for it since.
+                on_host = directory if opened is None else Path(f"/proc/self/fd/{opened}")
+                argv, cwd_on_host = ["/bin/sh", "-c", command], on_host
+            else:
+                # bwrap changes to the directory inside the command's own mount namespace, where
+                # a symlink swapped in since the check leads only to what the command sees anyway.
+                assert state.tmp is not None  # made with the jail
+                mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
+                argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
+                cwd_on_host = state.root
+            return await run_command(
+                state,
+                argv,
+                cwd=cwd_on_host,
+                env=command_env,
+                timeout=timeout,
+                max_output=self._max_output,
+            )
+        finally:
+            if opened is not None:
+                os.close(opened)
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
-        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
+        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made).
+
+        Every component of ``target_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        target = inside(state, "target_path", target_path)
-
-        def copy() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source_path, target)
-
-        await asyncio.to_thread(copy)
+        await asyncio.to_thread(upload, state, Path(source_path), "target_path", target_path)
 
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path
     ) -> None:
-        """Copy ``source_path`` from inside the sandbox to local ``target_path``."""
+        """Copy ``source_path`` from inside the sandbox to local ``target_path``.
+
+        Every component of ``source_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        source = inside(state, "source_path", source_path)
-        await asyncio.to_thread(shutil.copyfile, source, target_path)
+        await asyncio.to_thread(download, state, "source_path", source_path, Path(target_path))
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
