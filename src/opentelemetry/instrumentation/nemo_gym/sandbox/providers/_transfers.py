@@ -75,8 +75,8 @@ def upload(state: Sandbox, source: Path, name: str, value: str | os.PathLike[str
             )
         finally:
             os.close(directory)
+        _require_regular_file(state, name, value, fd)
         with os.fdopen(fd, "wb") as writer:
-            _require_regular_file(state, name, value, fd)
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)
             shutil.copyfileobj(reader, writer, _COPY_BUFFER)
@@ -97,8 +97,8 @@ def download(state: Sandbox, name: str, value: str | os.PathLike[str], target: P
         )
     finally:
         os.close(root)
+    _require_regular_file(state, name, value, fd)
     with os.fdopen(fd, "rb") as reader:
-        _require_regular_file(state, name, value, fd)
         os.set_blocking(fd, True)
         with open(target, "wb") as writer:  # the caller's own path, on the host
             shutil.copyfileobj(reader, writer, _COPY_BUFFER)
@@ -151,10 +151,17 @@ def _refusing_symlinks(
 def _require_regular_file(
     state: Sandbox, name: str, value: str | os.PathLike[str], fd: int
 ) -> None:
-    """The exceptions ``shutil.copyfile`` raised for these, before the no-follow open."""
-    kind = os.fstat(fd).st_mode
+    """Close ``fd`` and raise unless it is a regular file: the exceptions ``shutil.copyfile``
+    raised for the others, before the no-follow open."""
+    try:
+        kind = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISREG(kind):
+        return
+    os.close(fd)
     shown = f"{name}={os.fspath(value)!r} in sandbox {state.sandbox_id}"
     if stat.S_ISDIR(kind):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
-    if not stat.S_ISREG(kind):
-        raise shutil.SpecialFileError(f"{shown} is not a regular file")
+    raise shutil.SpecialFileError(f"{shown} is not a regular file")
