@@ -248,7 +248,8 @@ class ProcessSandboxProvider:
         """Run ``command`` with ``sh -c`` in the sandbox, in its cgroup, in a new session.
 
         ``cwd`` is relative to the sandbox's working directory (or absolute inside the
-        sandbox); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
+        sandbox), a directory reached through no symlink (``ValueError`` otherwise, naming
+        it); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
         process group is killed and the result has ``error_type="timeout"`` and
         ``return_code=EXEC_TIMEOUT_RETURN_CODE``. A command killed by a signal returns
         128 + the signal number; when the kernel OOM-killed it, ``error_type="oom_kill"``.
