@@ -244,11 +244,12 @@ async def test_process_provider_exec_refuses_a_cwd_swapped_to_a_symlink(
     )
 
 
-async def test_process_provider_transfer_of_a_fifo_fails_at_once(
+async def test_process_provider_transfer_of_a_fifo_or_directory_fails_at_once(
     provider: ProcessSandboxProvider, tmp_path: Path
 ) -> None:
     """A FIFO where a file was expected fails the transfer at once, with the error
-    shutil.copyfile gave, instead of holding a thread until some writer or reader comes."""
+    shutil.copyfile gave, instead of holding a thread until some writer or reader comes; a
+    directory (the sandbox's own too) raises IsADirectoryError naming the field."""
     sandbox, _ = await sandbox_with_targets(provider)
     assert (await provider.exec(sandbox, "mkfifo pipe")).return_code == 0
     with pytest.raises(shutil.SpecialFileError, match="source_path='pipe'"):
@@ -257,8 +258,9 @@ async def test_process_provider_transfer_of_a_fifo_fails_at_once(
     source.write_text("data")
     with pytest.raises(OSError, match="No such device or address"):  # no reader: ENXIO
         await provider.upload_file(sandbox, source, "pipe")
-    with pytest.raises(IsADirectoryError, match="source_path='d'"):
-        await provider.download_file(sandbox, "d", tmp_path / "copy")
+    for directory in ("d", "."):
+        with pytest.raises(IsADirectoryError, match=f"source_path='{directory}'"):
+            await provider.download_file(sandbox, directory, tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
 
 

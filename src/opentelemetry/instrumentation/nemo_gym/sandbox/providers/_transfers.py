@@ -53,7 +53,7 @@ def upload(state: Sandbox, source: Path, name: str, value: str | os.PathLike[str
     relative = relative_to_root(state, name, value)
     parent, _, file_name = relative.rpartition("/")
     if not file_name:
-        raise ValueError(f"{name}={os.fspath(value)!r} names the sandbox directory, not a file")
+        raise _is_a_directory(state, name, value)
     with open(source, "rb") as reader:  # the caller's own path, on the host
         root = _open_root(state)
         try:
@@ -86,7 +86,7 @@ def download(state: Sandbox, name: str, value: str | os.PathLike[str], target: P
     """Copy the regular file ``value`` in the sandbox to local ``target``."""
     relative = relative_to_root(state, name, value)
     if not relative:
-        raise ValueError(f"{name}={os.fspath(value)!r} names the sandbox directory, not a file")
+        raise _is_a_directory(state, name, value)
     root = _open_root(state)
     try:
         fd = _refusing_symlinks(
@@ -161,7 +161,12 @@ def _require_regular_file(
     if stat.S_ISREG(kind):
         return
     os.close(fd)
-    shown = f"{name}={os.fspath(value)!r} in sandbox {state.sandbox_id}"
     if stat.S_ISDIR(kind):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
+        raise _is_a_directory(state, name, value)
+    shown = f"{name}={os.fspath(value)!r} in sandbox {state.sandbox_id}"
     raise shutil.SpecialFileError(f"{shown} is not a regular file")
+
+
+def _is_a_directory(state: Sandbox, name: str, value: str | os.PathLike[str]) -> OSError:
+    shown = f"{name}={os.fspath(value)!r} in sandbox {state.sandbox_id}"
+    return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
