@@ -90,12 +90,16 @@ def open_directory_beneath(
     directory itself), following no symlink; ``make`` creates the missing ones (mode 0777
     less the umask), each opened the same way right after it is made."""
     parts = _parts(path)
-    if not make:
-        if not parts:
-            return os.dup(directory)
+    if not parts:
+        return os.dup(directory)
+    try:
         if _openat2_chosen(use_openat2):
             return _openat2(directory, path, _DIRECTORY, 0)
         return _walk(directory, parts)
+    except FileNotFoundError:
+        if not make:
+            raise
+    # Some are missing: make them one by one.
     current = os.dup(directory)
     try:
         for name in parts:
