@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +18,11 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._beneath import (
     open_directory_beneath,
     openat2_available,
 )
+from symlink_flipper import FLIPPER, FLIPS
+from waiting import eventually_blocking
 
+# Opens of each path beside the flipping process.
+OPENS = 4_000
 # What each way's ELOOP says.
 SYMLINK = os.strerror(errno.ELOOP)
 
@@ -209,3 +216,48 @@ def test_open_directory_beneath_refuses_a_file(tree: tuple[int, Path], use_opena
     with pytest.raises(NotADirectoryError) as refused:
         open_directory_beneath(root, "a/b/f", use_openat2=use_openat2)
     assert refused.value.errno == errno.ENOTDIR
+
+
+def test_open_beneath_never_follows_a_flipping_symlink(
+    tree: tuple[int, Path], use_openat2: bool, tmp_path: Path
+) -> None:
+    """Beside a process that swaps x and d with symlinks to a host file and directory in a
+    tight loop, 4,000 opens each of x and d/f never open the host's: each meets the symlink
+    (ELOOP) or the file beneath, and both happen."""
+    root, secret = tree
+    inside = tmp_path / "inside"
+    (inside / "x").write_text("inside")
+    (inside / "d").mkdir()
+    (inside / "d" / "f").write_text("inside")
+    host_directory = secret.parent
+    (host_directory / "f").write_text("secret")
+    flipper = subprocess.Popen(
+        [sys.executable, "-c", FLIPPER, str(secret), str(host_directory), str(FLIPS)],
+        cwd=inside,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    outcomes: Counter[str] = Counter()
+    try:
+        eventually_blocking(
+            lambda: (inside / "started").exists() or flipper.poll() is not None, "flipper up"
+        )
+        for attempt in range(2 * OPENS):
+            try:
+                fd = open_beneath(
+                    root, ("x", "d/f")[attempt % 2], os.O_RDONLY, use_openat2=use_openat2
+                )
+            except OSError as exc:
+                outcomes[errno.errorcode.get(exc.errno or 0, str(exc))] += 1
+            else:
+                outcomes[read(fd)] += 1
+    finally:
+        (inside / "stop").touch()
+        out, err = flipper.communicate(timeout=60)
+    assert (flipper.returncode, err) == (0, ""), (flipper.returncode, err)
+    assert int(out) > 0
+    assert outcomes["secret"] == 0, outcomes
+    assert outcomes["ELOOP"] + outcomes["inside"] == 2 * OPENS, outcomes
+    assert outcomes["ELOOP"] > 0, outcomes
+    assert outcomes["inside"] > 0, outcomes

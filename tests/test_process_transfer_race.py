@@ -35,6 +35,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
+from symlink_flipper import AT_FDCWD, FLIPPER, FLIPS, RENAME_EXCHANGE
 from waiting import eventually
 
 # Rounds of transfers beside the flipping command (a download and an upload by the provider,
@@ -44,29 +45,6 @@ MIN_ROUNDS = 1_000
 MAX_ROUNDS = 20_000
 # Execs in the flipping directory, after the rounds.
 EXECS = 40
-# The flipper's own bound: it stops at the test's stop file long before.
-FLIPS = 50_000_000
-# renameat2(2): swap two names atomically, so that the flipped path is never missing.
-AT_FDCWD = -100
-RENAME_EXCHANGE = 2
-
-# The attacker, run by the sandbox's Python: x and d swap, atomically and without pause, with
-# x.swap (a symlink to the host file) and d.swap (a symlink to the host directory).
-FLIPPER = """\
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-host_file, host_directory, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
-os.symlink(host_file, "x.swap")
-os.symlink(host_directory, "d.swap")
-open("started", "w").close()
-flips = 0
-while flips < limit and not (flips % 256 == 0 and os.path.exists("stop")):
-    for name in (b"x", b"d"):
-        if libc.renameat2(-100, name, -100, name + b".swap", 2) != 0:
-            sys.exit("renameat2: " + os.strerror(ctypes.get_errno()))
-    flips += 1
-print(flips)
-"""
 
 
 @dataclass(frozen=True)
