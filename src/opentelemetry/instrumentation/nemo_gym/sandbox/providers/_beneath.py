@@ -22,7 +22,7 @@ the kernel has it):
 Either way a symlink met at any component raises ``OSError`` with ``errno.ELOOP``, a component
 that is not a directory ``ENOTDIR``, a missing one ``ENOENT``. Paths are relative, with no
 ``..``, ``.`` or empty component (``ValueError``): the caller normalises them first. Blocking
-(filesystem calls): run it in a thread from a loop. Linux only (``O_PATH``).
+(filesystem calls): run it in a thread from a loop. Written for Linux (``O_PATH``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import errno
 import functools
 import os
 import stat
+import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -41,11 +42,13 @@ __all__ = ["open_beneath", "open_directory_beneath", "openat2_available"]
 # struct open_how's resolve flags (linux/openat2.h).
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
-# openat2's number in the system call table every architecture shares since Linux 5.1.
+# openat2's number in the system call table all architectures but alpha share since Linux 5.1.
 _SYS_OPENAT2 = 437
 # openat2 may answer EAGAIN when a rename raced a resolution it cannot vouch for.
 _AGAIN_ATTEMPTS = 16
-_DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+# O_PATH is Linux's; elsewhere (importable, never used by a sandbox) a read-only open stands in.
+_O_PATH = getattr(os, "O_PATH", 0)
+_DIRECTORY = _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class _OpenHow(ctypes.Structure):
@@ -70,7 +73,7 @@ def open_beneath(
     parts = _parts(path)
     if not parts:
         raise ValueError("path must name a file beneath the directory, not the directory")
-    if flags & os.O_PATH:
+    if flags & _O_PATH:
         # O_PATH | O_NOFOLLOW would open a final symlink itself rather than refuse it.
         raise ValueError("O_PATH: open directories with open_directory_beneath")
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
@@ -120,6 +123,8 @@ def open_directory_beneath(
 def openat2_available() -> bool:
     """Whether this process can call ``openat2`` (probed once: the kernel and any seccomp
     filter decide)."""
+    if not sys.platform.startswith("linux"):
+        return False  # the number is Linux's
     try:
         root = os.open("/", _DIRECTORY)
     except OSError:
@@ -164,7 +169,7 @@ def _step(directory: int, name: str) -> int:
     """Directory ``name`` in ``directory``, opened ``O_PATH`` without following a symlink."""
     # O_PATH | O_NOFOLLOW opens a symlink itself rather than failing, so that fstat can tell
     # a symlink (ELOOP, as openat2 says) from any other non-directory (ENOTDIR).
-    opened = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    opened = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
     kind = os.fstat(opened).st_mode
     if stat.S_ISDIR(kind):
         return opened

@@ -130,7 +130,8 @@ def open_working_directory(
 def _open_root(state: Sandbox) -> int:
     # The sandbox directory's own path is the provider's, out of the commands' reach (its
     # parent is not in their view): it is opened by name.
-    return os.open(state.root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    path_only = getattr(os, "O_PATH", os.O_RDONLY)  # Linux's; a read-only open elsewhere
+    return os.open(state.root, path_only | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _refusing_symlinks(
