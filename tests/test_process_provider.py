@@ -249,6 +249,17 @@ async def test_process_provider_refuses_paths_outside_the_sandbox(
         await provider.exec(sandbox, "true", cwd="/")
 
 
+async def test_process_provider_exec_cwd_must_be_a_directory(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """A cwd that is missing, or a file, raises ValueError naming it and the reason."""
+    sandbox = await provider.create(SandboxSpec(files={"file.txt": "x"}))
+    with pytest.raises(ValueError, match=r"cwd='missing' is not a directory .*No such file"):
+        await provider.exec(sandbox, "true", cwd="missing")
+    with pytest.raises(ValueError, match=r"cwd='file\.txt' is not a directory .*Not a directory"):
+        await provider.exec(sandbox, "true", cwd="file.txt")
+
+
 @pytest.mark.parametrize(
     ("spec", "error", "match"),
     [
