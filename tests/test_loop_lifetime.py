@@ -46,7 +46,7 @@ def mode(request: pytest.FixtureRequest) -> Iterator[str]:
         provider.shutdown()
 
 
-async def build_and_close_connector(mode: str) -> None:
+async def build_and_close_connector(mode: str) -> weakref.ref[aiohttp.TCPConnector]:
     # Instrumented, the loop did build a timed connector and start its probe: the test proves
     # something about them, not about a path that was never taken.
     connector = aiohttp.TCPConnector()
@@ -54,6 +54,7 @@ async def build_and_close_connector(mode: str) -> None:
     probed = asyncio.get_running_loop() in _pressure._PROBES
     await connector.close()
     assert (timed, probed) == ((True, True) if mode == "instrumented" else (False, False))
+    return weakref.ref(connector)
 
 
 def open_descriptors() -> int:
@@ -61,15 +62,18 @@ def open_descriptors() -> int:
 
 
 def test_loop_lifetime_closed_loops_all_collected(mode: str) -> None:
-    """Loops that built a connector and closed are all gone after a collection."""
+    """Loops that built a connector and closed, and their connectors, are all gone after a
+    collection."""
     gc.collect()
     loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+    connectors: list[weakref.ref[aiohttp.TCPConnector]] = []
     for _ in range(LOOPS):
         with asyncio.Runner() as runner:
-            runner.run(build_and_close_connector(mode))
+            connectors.append(runner.run(build_and_close_connector(mode)))
             loops.append(weakref.ref(runner.get_loop()))
     gc.collect()
     assert [ref for ref in loops if ref() is not None] == []
+    assert [ref for ref in connectors if ref() is not None] == []
     assert len(_pressure._PROBES) == 0
 
 
