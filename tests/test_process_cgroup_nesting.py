@@ -188,13 +188,10 @@ def _run_server_in(directory: Path, tmp_path: Path) -> dict[str, object]:
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     join = 'echo $$ > "$1" || exit 125; shift; exec "$@"'
-    environment = {
-        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NEMO_GYM"))
-    }
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NEMO_GYM"))}
     environment["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     done = subprocess.run(
-        ["/bin/sh", "-c", join, "join", str(directory / "cgroup.procs")]
-        + [sys.executable, str(script)],
+        ["/bin/sh", "-c", join, "join", str(directory / "cgroup.procs"), sys.executable, script],
         env=environment,
         capture_output=True,
         text=True,
@@ -256,7 +253,7 @@ def test_process_cgroup_nesting_unbounded_server_sandbox_allocates(
 ) -> None:
     """The control: the same server in a cgroup without a limit, the same sandbox and
     command: the 400 MiB are allocated and the command completes."""
-    version, directory, path = server_cgroup
+    _, directory, path = server_cgroup
     report = _run_server_in(directory, tmp_path)
     assert report["designator"] == f"{path}/nemo_gym/{report['sandbox_id']}"
     assert (report["return_code"], report["error_type"], report["stdout"]) == (
