@@ -116,8 +116,9 @@ def prepare_layout(layout: Layout, pid: int) -> Layout:
     """Check that ``layout``'s bases are cgroups this process may write, and make a v2 base
     able to have controllers in its children (moving process ``pid`` into ``nemo_gym_server``
     when it is alone there; see the module). Returns the layout, without the v1 hierarchies
-    beyond cpu and memory that are not writable; raises ``PlacementError`` saying why not.
-    Writes to cgroupfs; never moves another process."""
+    beyond cpu and memory whose base is missing or not writable (those controllers stay the
+    server's); raises ``PlacementError`` saying why not. Writes to cgroupfs; never moves
+    another process."""
     bases = dict(layout.bases)
     for controller, directory in layout.bases.items():
         required = controller in _REQUIRED or layout.version == 2

@@ -101,7 +101,9 @@ class ProcessSandboxProvider:
     isolated commands also see, read-only, at the same place (an interpreter or a virtualenv
     outside ``/usr``). ``cgroups=False`` never uses cgroups; otherwise they are used where
     writable, beneath the server's own cgroup (or the one
-    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names), decided when the provider is made.
+    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names), decided when the provider is made;
+    on cgroup v2 that may move this process, only when it is alone in its cgroup, into the
+    cgroup's child ``nemo_gym_server`` (docs/sandboxes.md, "Where sandbox cgroups go").
     ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None`` for no
     cap). ``cgroup_parent`` names the directory beneath that cgroup that holds the sandboxes'
     cgroups; ``base_dir`` is where the sandbox directories are made (default: the
