@@ -53,6 +53,7 @@ from span_support import (
     process_allocation,
     record,
     sample_outcome,
+    sandbox_cgroup_path,
     settled,
 )
 
@@ -491,7 +492,7 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
                 limits + "memory_mib": 48,
                 limits + "unspecified": ("disk_gib", "gpu"),
             },
-            cgroup=f"/nemo_gym/{sandbox.sandbox_id}",
+            cgroup=sandbox_cgroup_path(sandbox.sandbox_id),
         ),
     }
     usage = PREFIX + "usage."

@@ -12,10 +12,13 @@ and records).
 
 Where the machine lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the
 ``cpu`` and ``memory`` controllers, writable), each sandbox gets one, at
-``/<cgroup_parent>/<sandbox id>`` in each hierarchy, enforcing the requested cpu (CFS quota),
-memory (a hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of
-swapping) and the provider's ``pids_limit``. Elsewhere the sandbox still works; its allocation
-then says ``source = "process"`` with no limits.
+``<base>/<cgroup_parent>/<sandbox id>``, enforcing the requested cpu (CFS quota), memory (a
+hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of swapping) and
+the provider's ``pids_limit``. The base is the server's own cgroup, so that the server's limits
+bound its sandboxes too, or the cgroup ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names
+(``_cgroup_placement``; on cgroup v2 the server may move itself into a leaf child of its
+cgroup first). Elsewhere the sandbox still works; its allocation then says
+``source = "process"`` with no limits.
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
@@ -37,7 +40,12 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import (
+    _bwrap,
+    _cgroup_placement,
+    _cgroups,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
@@ -97,9 +105,13 @@ class ProcessSandboxProvider:
     a loopback of their own and nothing else. ``read_only_paths`` are absolute host paths
     isolated commands also see, read-only, at the same place (an interpreter or a virtualenv
     outside ``/usr``). ``cgroups=False`` never uses cgroups; otherwise they are used where
-    writable. ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None``
-    for no cap). ``cgroup_parent`` names the directory under each hierarchy's root that holds
-    the sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
+    writable, beneath the server's own cgroup (or the one
+    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names), decided when the provider is made;
+    on cgroup v2 that may move this process, only when it is alone in its cgroup, into the
+    cgroup's child ``nemo_gym_server`` (docs/sandboxes.md, "Where sandbox cgroups go").
+    ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None`` for no
+    cap). ``cgroup_parent`` names the directory beneath that cgroup that holds the sandboxes'
+    cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
 
     Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
@@ -137,7 +149,11 @@ class ProcessSandboxProvider:
         self._isolation = isolation
         self._network = network
         self._pids_limit = pids_limit
-        self._layout = _cgroups.discover_layout() if cgroups else None
+        self._layout = (
+            _cgroup_placement.discover_layout(_settings.sandbox_cgroup_parent())
+            if cgroups
+            else None
+        )
         self._cgroup_parent = cgroup_parent
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
         self._max_output = max_output_bytes
@@ -354,9 +370,9 @@ class ProcessSandboxProvider:
         for sandbox_id in list(self._sandboxes):
             await self.close(SandboxHandle(sandbox_id, self.name, None))
         if self._layout is not None:
-            for mount in set(self._layout.mounts.values()):
+            for base in set(self._layout.bases.values()):
                 with contextlib.suppress(OSError):
-                    (mount / self._cgroup_parent).rmdir()
+                    (base / self._cgroup_parent).rmdir()
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
