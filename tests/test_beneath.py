@@ -95,7 +95,7 @@ def test_open_beneath_creates_nothing_through_a_dangling_symlink(
     tree: tuple[int, Path], use_openat2: bool, tmp_path: Path
 ) -> None:
     """O_CREAT on a symlink to a host path that does not exist yet refuses (ELOOP) and
-    creates nothing there (an ordinary open would create the host file)."""
+    creates nothing there; an ordinary open, the control, creates the host file."""
     root, secret = tree
     planted = secret.parent / "planted"
     (tmp_path / "inside" / "new").symlink_to(planted)
@@ -106,6 +106,9 @@ def test_open_beneath_creates_nothing_through_a_dangling_symlink(
     fd = open_beneath(root, "fresh", os.O_WRONLY | os.O_CREAT, 0o600, use_openat2=use_openat2)
     os.close(fd)
     assert (tmp_path / "inside" / "fresh").stat().st_mode & 0o777 == 0o600
+    # Control: an ordinary open through the same symlink creates the host file.
+    os.close(os.open(tmp_path / "inside" / "new", os.O_WRONLY | os.O_CREAT, 0o600))
+    assert planted.exists()
 
 
 @pytest.mark.parametrize(
