@@ -39,9 +39,10 @@ sampling interval) and bounded, and run beside the provider's calls, never in fr
 
 Identity: the allocation's designator is ``opensandbox.sandbox`` with the sandbox id (the
 ``nemo.gym.sandbox.id`` of every span of that sandbox), scoped by the server it belongs to
-(``host:port`` of the provider's ``connection.domain``; never the key). Co-located, its
-``host`` designator is the container (``container`` with the engine's ID, scoped by the
-daemon).
+(``host:port`` of the provider's ``connection.domain``; never the key: ``server_scope``, from
+``_server_scope``). The sandbox state keys the sandbox by that scope too, so two servers'
+sandboxes with one id stay two sandboxes. Co-located, its ``host`` designator is the container
+(``container`` with the engine's ID, scoped by the daemon).
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,
     ResourceDesignator,
     ResourcesUnknown,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import (
+    opensandbox_server_scope as server_scope,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of
@@ -89,23 +92,6 @@ NO_SDK_SANDBOX = "opensandbox.no_sdk_sandbox"
 
 # NeMo Gym's provider's own test for an OOM-killed sandbox in its status (reason, message).
 _OOM = re.compile(r"\boom[\s_-]*killed\b|\bout of memory\b", re.IGNORECASE)
-
-
-def server_scope(provider: object) -> str | None:
-    """``host:port`` of the provider's OpenSandbox server (``connection.domain``, with or
-    without a scheme), or ``None``. Never user-info, a path or a query."""
-    domain = getattr(getattr(provider, "_connection", None), "domain", None)
-    if not isinstance(domain, str) or not domain.strip():
-        return None
-    domain = domain.strip()
-    try:
-        parts = urlsplit(domain if "://" in domain else f"http://{domain}")
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return None
-    if not host:
-        return None
-    return f"{host}:{port}" if port is not None else host
 
 
 def reason_of(exc: BaseException) -> str:
@@ -156,6 +142,8 @@ class OpenSandboxReader:
 
     def __init__(self, provider: object) -> None:
         self._scope = server_scope(provider)
+        # The server its sandboxes' ids are unique within: its samplers key them by it.
+        self.server_scope = self._scope
         # The engine path is docker_cli's own reader, given the container's engine ID.
         self._docker = DockerCliReader(provider)
         self._binary = self._docker._binary
