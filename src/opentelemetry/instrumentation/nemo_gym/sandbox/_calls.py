@@ -36,7 +36,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
     SandboxLifecycleMetrics,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure
-from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import server_scope_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     PROVIDER,
     REQUEST_ID,
@@ -45,6 +44,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     stamp_nemo_gym_span,
     stamped,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import server_scope_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
     SandboxKey,
     SandboxState,

@@ -48,7 +48,9 @@ def server_scope_of(provider: object) -> str | None:
     kind = type(provider)
     scope_of = SCOPES.get((kind.__module__, kind.__qualname__))
     try:
-        found = scope_of(provider) if scope_of is not None else getattr(provider, "server_scope", None)
+        found = (
+            scope_of(provider) if scope_of is not None else getattr(provider, "server_scope", None)
+        )
     except Exception:  # noqa: BLE001 - an odd provider's sandboxes are keyed without a scope
         return None
     return found if isinstance(found, str) else None

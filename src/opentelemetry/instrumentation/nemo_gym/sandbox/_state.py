@@ -42,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 # (provider name, server scope, sandbox id): one sandbox. A sandbox id is unique only within
 # the server that gave it (two OpenSandbox servers may both hand out the same id), so the
-# server's scope (``_server_scope.server_scope_of``: ``host:port`` of an OpenSandbox server, ``None``
-# for providers whose ids are unique on their own) is part of the key, as it is of the
-# allocation's designator.
+# server's scope (``_server_scope.server_scope_of``: ``host:port`` of an OpenSandbox server,
+# ``None`` for providers whose ids are unique on their own) is part of the key, as it is of
+# the allocation's designator.
 SandboxKey = tuple[str, str | None, str]
 
 
