@@ -18,7 +18,8 @@ beside ``resource_sample``: the sample read without waiting (a cgroup's kernel f
 
 Records are best effort: a provider that raises or hangs still yields a record, carrying
 ``resource.error`` (the exception's type, never its text), and its exception never reaches
-the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
+the caller. Usage numbers that cannot be usage (NaN, infinite, negative; in a reader, more
+than the answer's own total) are dropped.
 
 The records also feed the state's fleet metrics (``_fleet_metrics``): an allocation record is
 compared with the sandbox's request (mismatches go on the record, in one warning per provider
