@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
     traced_provider,
 )
 from span_support import FINAL, KIND, REQUEST_ID, attributes_of, identity, settled
+from test_nemo_gym_coexistence import NEMO_GYM_SAMPLER_MODULE, stand_in_sampler_module
+from waiting import eventually
 
 SAME_ID = "sbx-0001"
 NAME = "colliding"
@@ -269,3 +272,55 @@ async def test_connect_to_a_sandbox_open_in_this_process_stays_that_sandbox(
     assert len([r for r in records if r[KIND] == "sample"]) == server.samples
     assert server.closed == 2  # both closes reached the provider, as without us
     assert len(state.registry) == 0
+
+
+async def test_nemo_gym_own_sampler_takes_over_only_its_own_servers_sandbox(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo Gym's own sampler over one server's sandbox takes over that sandbox's samples
+    only: ours for it ends with its final, ours for the other server's sandbox with the same
+    id samples on until its close."""
+    from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+
+    module = stand_in_sampler_module()
+    monkeypatch.setitem(sys.modules, NEMO_GYM_SAMPLER_MODULE, module)
+    monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL", "0.05")
+    instrumentor = NemoGymInstrumentor()
+    instrumentor.uninstrument()
+    instrumentor.instrument(
+        tracer_provider=exporter.provider,  # type: ignore[attr-defined]
+        connection_pool=False,
+    )
+    server_a, server_b = Server("a.example:8080", 11), Server("b.example:8080", 22)
+    try:
+        a, b = traced_provider(server_a), traced_provider(server_b)
+        handle_a, handle_b = await a.create(SandboxSpec()), await b.create(SandboxSpec())
+        await server_a.sampled_beyond(0)
+        await server_b.sampled_beyond(0)
+        attributes = {PREFIX + "provider": NAME, PREFIX + "id": SAME_ID}
+        theirs = module.ResourceSampler(server_b, handle_b, attributes, 3600)
+        theirs.start()
+        assert theirs.task is not None
+
+        def our_finals() -> list[dict[str, Any]]:
+            return [attributes_of(r) for r in _records(exporter) if (r.attributes or {})[FINAL]]
+
+        [yielded] = await eventually(our_finals, "our final sample of B's sandbox", BOUND_S)
+        b_samples = server_b.samples
+        await server_a.sampled_beyond(server_a.samples + 1)  # A samples on
+        await theirs.stop()  # NeMo Gym's final: one more answer of B's server
+        await b.close(handle_b)
+        await a.close(handle_a)
+        await settled()
+    finally:
+        instrumentor.uninstrument()
+    [create_a, create_b] = _spans(exporter, "sandbox.create")
+    assert yielded[REQUEST_ID] == create_b[REQUEST_ID]
+    assert yielded[PIDS] == 22
+    # Nothing of ours asked B's server after it yielded (NeMo Gym's sampler owned it).
+    assert server_b.samples == b_samples + 1
+    records = [attributes_of(r) for r in _records(exporter)]
+    finals = [r[REQUEST_ID] for r in records if r[FINAL]]
+    assert finals == [create_b[REQUEST_ID], create_a[REQUEST_ID]]
+    a_samples = [r for r in _of(records, create_a[REQUEST_ID]) if r[KIND] == "sample"]
+    assert len(a_samples) == server_a.samples
