@@ -14,14 +14,21 @@ def bwrap_on_path() -> bool:
 
 
 def run_server(
-    tmp_path: Path, env: dict[str, str], *arguments: str, script: str
+    tmp_path: Path,
+    env: dict[str, str],
+    *arguments: str,
+    script: str,
+    interpreter: str = sys.executable,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """``script`` as a server process of its own, with exactly ``env`` (and this test's
-    Python path), run by this interpreter by its absolute path."""
+    Python path), run by ``interpreter`` (this one by default) by its absolute path, after
+    ``prefix`` (a command that changes the user, say)."""
     path = tmp_path / "server.py"
     path.write_text(script)
+    path.chmod(0o644)
     return subprocess.run(
-        [sys.executable, str(path), *arguments],
+        [*prefix, interpreter, str(path), *arguments],
         env={**env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         capture_output=True,
         text=True,

@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,8 +46,10 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox i
     check_options,
     check_spec,
     forget_ended_sessions,
+    give,
     inside,
     kill_all,
+    make_directories,
     make_directory,
     make_temporary,
     run_command,
@@ -96,6 +99,9 @@ class ProcessSandboxProvider:
     for no cap). ``cgroup_parent`` names the directory under each hierarchy's root that holds
     the sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
+    Isolated commands never run as the host's root: a server running as root runs bubblewrap,
+    and so every command, as ``sandbox_uid`` (and the gid of that number; default 65534,
+    ``nobody``), which owns the sandbox's files; any other server runs them as its own uid.
 
     Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
     and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
@@ -117,6 +123,7 @@ class ProcessSandboxProvider:
         cgroup_parent: str = "nemo_gym",
         base_dir: str | os.PathLike[str] | None = None,
         max_output_bytes: int = 8 * MIB,
+        sandbox_uid: int = 65534,
     ) -> None:
         # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
         self._read_only_paths = check_options(
@@ -128,8 +135,10 @@ class ProcessSandboxProvider:
             cgroup_parent=cgroup_parent,
             base_dir=base_dir,
             max_output_bytes=max_output_bytes,
+            sandbox_uid=sandbox_uid,
         )
         self._isolation = isolation
+        self._sandbox_uid = sandbox_uid
         self._network = network
         self._pids_limit = pids_limit
         self._layout = _cgroups.discover_layout() if cgroups else None
@@ -165,10 +174,14 @@ class ProcessSandboxProvider:
         resources, relative_workdir, env, files = check_spec(spec)
         # Before anything is made: without bwrap there is nothing to undo.
         bwrap = _bwrap.find_bwrap() if self._isolation == "bwrap" else None
+        drop = None if bwrap is None else _bwrap.drop_for(self._sandbox_uid)
+        owner = None if drop is None else (drop.uid, drop.gid)
+        if drop is not None:
+            await asyncio.to_thread(self._check_reach, drop)
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
         try:
             root, work = await asyncio.to_thread(
-                make_directory, self._base_dir, sandbox_id, relative_workdir, files
+                make_directory, self._base_dir, sandbox_id, relative_workdir, files, owner
             )
         except OSError as exc:
             raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
@@ -194,7 +207,9 @@ class ProcessSandboxProvider:
             "HOME": str(work),
             "LANG": "C.UTF-8",
         }
-        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation)
+        state = Sandbox(
+            sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation, owner=owner
+        )
         if bwrap is None:
             logger.warning(
                 "sandbox %s is not isolated (isolation='none'): its commands run as this "
@@ -204,9 +219,9 @@ class ProcessSandboxProvider:
         else:
             try:
                 state.tmp = await asyncio.to_thread(
-                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-"
+                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-", owner
                 )
-                state.jail = await _bwrap.start_jail(bwrap, self._network)
+                state.jail = await _bwrap.start_jail(bwrap, self._network, drop)
             except (Exception, asyncio.CancelledError) as exc:
                 await self._discard(state)
                 if isinstance(exc, OSError):
@@ -214,6 +229,20 @@ class ProcessSandboxProvider:
                 raise
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    def _check_reach(self, drop: _bwrap.Drop) -> None:
+        """``SandboxCreateError`` naming the first path bwrap would bind that ``drop``'s uid
+        cannot reach (bwrap resolves them as that uid)."""
+        places = [("base_dir", self._base_dir or tempfile.gettempdir())]
+        places += [("read_only_paths entry", path) for path in self._read_only_paths]
+        for name, path in places:
+            blocked = _bwrap.unreachable(path, drop)
+            if blocked is not None:
+                raise SandboxCreateError(
+                    f"{name} {path!r} is out of reach of sandbox_uid {drop.uid}, which may not "
+                    f"pass {blocked!r}: a root server runs its sandboxes as that uid (make the "
+                    "directories on the way searchable by it, or use another path)"
+                )
 
     def sandbox_attributes(self, handle: SandboxHandle) -> dict[str, Attribute]:
         """Attributes of the sandbox for its whole life, which tracing adds to its identity
@@ -260,19 +289,24 @@ class ProcessSandboxProvider:
         directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
         command_env = {**state.env, **check_env("env", env)}
         if state.jail is None:
-            argv, cwd_on_host = ["/bin/sh", "-c", command], directory
-        else:
-            assert state.tmp is not None  # made with the jail
-            mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
-            argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
-            cwd_on_host = state.root
+            return await run_command(
+                state,
+                ["/bin/sh", "-c", command],
+                cwd=directory,
+                env=command_env,
+                timeout=timeout,
+                max_output=self._max_output,
+            )
+        assert state.tmp is not None  # made with the jail
+        mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
         return await run_command(
             state,
-            argv,
-            cwd=cwd_on_host,
+            _bwrap.command_argv(state.jail, mounts, self._network, directory, command),
+            cwd=state.root,
             env=command_env,
             timeout=timeout,
             max_output=self._max_output,
+            pass_fds=state.jail.fds,
         )
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
@@ -281,8 +315,9 @@ class ProcessSandboxProvider:
         target = inside(state, "target_path", target_path)
 
         def copy() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_directories(state.root, target.parent, state.owner)
             shutil.copyfile(source_path, target)
+            give(target, state.owner)  # a file the command can read and write
 
         await asyncio.to_thread(copy)
 
