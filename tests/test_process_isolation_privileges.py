@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
-from isolation_support import bwrap_on_path, run_server
+from isolation_support import NOBODY, bwrap_on_path, run_server_as
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxSpec,
@@ -31,7 +29,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
 
-NOBODY = 65534
 OVERCOMMIT_RATIO = Path("/proc/sys/vm/overcommit_ratio")
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 
@@ -62,49 +59,10 @@ asyncio.run(main())
 """
 
 
-def _interpreter_for(uid: int) -> str | None:
-    """This Python's binary, or the system's of the same version, where ``uid`` may run it."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (os.path.realpath(sys.executable), f"/usr/bin/python{version}"):
-        path = Path(candidate)
-        if path.is_file() and all(_passable(d, uid) for d in path.parents):
-            return candidate
-    return None
-
-
-def _passable(directory: Path, uid: int) -> bool:
-    info = directory.stat()
-    bit = stat.S_IXUSR if info.st_uid == uid else stat.S_IXOTH
-    return bool(info.st_mode & bit)
-
-
 def run_sandboxed(server_user: str, command: str) -> tuple[str, str, int]:
     """``command`` in a sandbox of a server running as ``server_user`` (root or nobody):
     (stdout, stderr, return code)."""
-    require_service(os.geteuid() == 0, "runs servers as root and as nobody (run as root)")
-    require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
-    if server_user == "root":
-        prefix: tuple[str, ...] = ()
-        interpreter = sys.executable
-    else:
-        setpriv = shutil.which("setpriv")
-        require_service(setpriv is not None, "setpriv not on PATH (util-linux)")
-        assert setpriv is not None
-        prefix = (setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--")
-        found = _interpreter_for(NOBODY)
-        if found is None:  # pyenv's Python under /root, with no system Python of its version
-            pytest.skip(f"no Python {sys.version_info[:2]} that uid {NOBODY} can run")
-        interpreter = found
-    # The server's script where nobody can read it (pytest's tmp_path is root's alone).
-    scripts = Path(tempfile.mkdtemp(prefix="nemo-gym-server-"))
-    try:
-        scripts.chmod(0o755)
-        env = {"PATH": os.environ["PATH"]}
-        server = run_server(
-            scripts, env, command, script=SERVER, interpreter=interpreter, prefix=prefix
-        )
-    finally:
-        shutil.rmtree(scripts)
+    server = run_server_as(server_user, SERVER, command)
     assert server.returncode == 0, server.stderr
     stdout, stderr, code = json.loads(server.stdout)
     return stdout, stderr, code

@@ -58,6 +58,8 @@ class Sandbox:
     tmp: Path | None = None  # with bwrap: the directory each command sees as /tmp
     # With bwrap under a root server: the (uid, gid) commands run as, owner of all they write.
     owner: tuple[int, int] | None = None
+    # With bwrap and disk_gib, where this process may mount: the tmpfs holding root and tmp.
+    disk: Path | None = None
     sessions: set[int] = field(default_factory=set)  # one session (and group) per command
     closed: bool = False
     # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
@@ -130,6 +132,8 @@ def check_spec(
         raise ValueError(f"resources.cpu={resources.cpu!r} must be at least {_MIN_CPU} cores")
     if resources.memory_mib is not None and resources.memory_mib < 1:
         raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
+    if resources.disk_gib is not None and resources.disk_gib < 1:
+        raise ValueError(f"resources.disk_gib={resources.disk_gib!r} must be at least 1")
     options = getattr(spec, "provider_options", None) or {}
     if options:
         # Keys only: option values may hold credentials.

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups, _disk
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
@@ -61,6 +61,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
+    SandboxResourceAmounts,
     SandboxSpec,
     SandboxStatus,
     _positive_seconds,
@@ -179,11 +180,18 @@ class ProcessSandboxProvider:
         if drop is not None:
             await asyncio.to_thread(self._check_reach, drop)
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
+        disk = None
+        if bwrap is not None and resources.disk_gib is not None:
+            disk = await self._make_disk(sandbox_id, resources.disk_gib, owner)
+        # With a disk limit, the sandbox's directory and its /tmp are made on its disk.
+        base_dir = self._base_dir if disk is None else str(disk)
         try:
             root, work = await asyncio.to_thread(
-                make_directory, self._base_dir, sandbox_id, relative_workdir, files, owner
+                make_directory, base_dir, sandbox_id, relative_workdir, files, owner
             )
         except OSError as exc:
+            if disk is not None:
+                await self._remove_disk(disk)
             raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
 
         cgroup = None
@@ -208,7 +216,14 @@ class ProcessSandboxProvider:
             "LANG": "C.UTF-8",
         }
         state = Sandbox(
-            sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation, owner=owner
+            sandbox_id,
+            root,
+            work,
+            {**base_env, **env},
+            cgroup,
+            self._isolation,
+            owner=owner,
+            disk=disk,
         )
         if bwrap is None:
             logger.warning(
@@ -219,7 +234,7 @@ class ProcessSandboxProvider:
         else:
             try:
                 state.tmp = await asyncio.to_thread(
-                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-", owner
+                    make_temporary, base_dir, f"nemo-gym-{sandbox_id}-tmp-", owner
                 )
                 state.jail = await _bwrap.start_jail(bwrap, self._network, drop)
             except (Exception, asyncio.CancelledError) as exc:
@@ -229,6 +244,38 @@ class ProcessSandboxProvider:
                 raise
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    async def _make_disk(
+        self, sandbox_id: str, size_gib: int, owner: tuple[int, int] | None
+    ) -> Path | None:
+        """A tmpfs of ``size_gib`` GiB for the sandbox (see ``_disk``), or ``None`` with a
+        warning where this process cannot mount one: its disk use is then not bounded."""
+        if not _disk.can_mount():
+            logger.warning(
+                "sandbox %s asked for disk_gib=%s: not enforced (a size-limited file system "
+                "needs a root server); its allocation record has no disk limit",
+                sandbox_id,
+                size_gib,
+            )
+            return None
+        try:
+            disk = await asyncio.to_thread(
+                make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-disk-", None
+            )
+        except OSError as exc:
+            raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
+        try:
+            await _disk.mount(disk, size_gib, owner)
+        except (Exception, asyncio.CancelledError) as exc:
+            await asyncio.to_thread(disk.rmdir)
+            if isinstance(exc, OSError):
+                raise SandboxCreateError(f"process sandbox disk failed: {exc}") from exc
+            raise
+        return disk
+
+    async def _remove_disk(self, disk: Path) -> None:
+        await _disk.unmount(disk)
+        await asyncio.to_thread(shutil.rmtree, disk, True)
 
     def _check_reach(self, drop: _bwrap.Drop) -> None:
         """``SandboxCreateError`` naming the first path bwrap would bind that ``drop``'s uid
@@ -366,6 +413,8 @@ class ProcessSandboxProvider:
         for directory in (state.root, state.tmp):
             if directory is not None:
                 await asyncio.to_thread(shutil.rmtree, directory, True)
+        if state.disk is not None:
+            await self._remove_disk(state.disk)
 
     async def aclose(self) -> None:
         """Close every sandbox still open and drop the (empty) cgroup parents."""
@@ -385,17 +434,25 @@ class ProcessSandboxProvider:
         parents every command), and no limits.
         """
         state = self._open(handle)
+        disk_gib = None if state.disk is None else _disk.limit_gib(state.disk)
         if state.cgroup is None:
             return ResourceAllocation(
                 source="process",
-                components=(ComponentAllocation(_COMPONENT),),
+                components=(
+                    ComponentAllocation(
+                        _COMPONENT, limits=SandboxResourceAmounts(disk_gib=disk_gib)
+                    ),
+                ),
                 designator=ResourceDesignator("process", str(os.getpid()), self._boot_id),
                 host=self._host,
             )
-        limits = _cgroups.cgroup_limits(state.cgroup)
+        enforced = _cgroups.cgroup_limits(state.cgroup)
         pids = _cgroups.pids_limit(state.cgroup)
-        if pids is not None:
-            limits = ContainerResourceAmounts(limits.cpu, limits.memory_mib, pids=pids)
+        limits = (
+            SandboxResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib)
+            if pids is None
+            else ContainerResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib, pids=pids)
+        )
         return ResourceAllocation(
             source=f"cgroup.v{state.cgroup.version}",
             components=(ComponentAllocation(_COMPONENT, limits=limits),),
