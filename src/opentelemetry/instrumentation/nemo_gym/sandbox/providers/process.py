@@ -280,7 +280,9 @@ class ProcessSandboxProvider:
     def _check_reach(self, drop: _bwrap.Drop) -> None:
         """``SandboxCreateError`` naming the first path bwrap would bind that ``drop``'s uid
         cannot reach (bwrap resolves them as that uid)."""
-        places = [("base_dir", self._base_dir or tempfile.gettempdir())]
+        base_dir = self._base_dir or tempfile.gettempdir()
+        # A base_dir that is no directory fails as the sandbox's directory is made.
+        places = [("base_dir", base_dir)] if os.path.isdir(base_dir) else []
         places += [("read_only_paths entry", path) for path in self._read_only_paths]
         for name, path in places:
             blocked = _bwrap.unreachable(path, drop)
