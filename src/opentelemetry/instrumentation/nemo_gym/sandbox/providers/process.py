@@ -15,7 +15,8 @@ Where the machine lets this process create cgroups (v1 hierarchies or a v2 hiera
 ``/<cgroup_parent>/<sandbox id>`` in each hierarchy, enforcing the requested cpu (CFS quota),
 memory (a hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of
 swapping) and the provider's ``pids_limit``. Elsewhere the sandbox still works; its allocation
-then says ``source = "process"`` with no limits.
+then says ``source = "process"`` with no limits. A requested ``disk_gib`` is a size-limited
+tmpfs where this process may mount one (``_disk``).
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
@@ -102,10 +103,14 @@ class ProcessSandboxProvider:
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
     Isolated commands never run as the host's root: a server running as root runs bubblewrap,
     and so every command, as ``sandbox_uid`` (and the gid of that number; default 65534,
-    ``nobody``), which owns the sandbox's files; any other server runs them as its own uid.
+    ``nobody``), which owns the sandbox's files and must be able to reach ``base_dir`` and
+    ``read_only_paths`` (``create`` names the first it cannot); any other server runs them as
+    its own uid. ``disk_gib`` is enforced for isolated sandboxes of a root server (a tmpfs of
+    that size holds the sandbox's directory and its ``/tmp``; see ``_disk``); elsewhere it is
+    not, and the allocation record has no disk limit.
 
-    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
-    and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
+    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored) and
+    ``ttl_s``. A GPU request raises
     ``SandboxCreateError``. Options arrive as keyword arguments, from code or from a NeMo Gym
     config (``{"otel_process": {...}}``); a bad value raises ``ValueError`` naming the option
     and the value.
