@@ -19,7 +19,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import Sandbo
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
-from waiting import eventually_blocking
+from waiting import eventually, eventually_blocking
 
 # prctl(2): PR_GET_PDEATHSIG writes the caller's parent-death signal (0: none) into an int.
 READ_PARENT_DEATH_SIGNAL = (
@@ -210,7 +210,10 @@ async def test_process_isolation_exec_returns_when_its_command_exits(isolation: 
     try:
         sandbox = await provider.create(SandboxSpec())
         result = await provider.exec(sandbox, "sleep 60 & echo started", timeout_s=30)
-        pidfds = _sleepers(sandbox.raw.sessions)
+        # The background shell may not have exec'd sleep yet when the foreground one exits.
+        pidfds = await eventually(
+            lambda: _sleepers(sandbox.raw.sessions), "the background sleep", interval=0.01
+        )
         alive_after_exec = [not _ended(fd) for fd in pidfds]
         await provider.close(sandbox)
         ended_after_close = [_ended(fd) for fd in pidfds]
