@@ -238,16 +238,6 @@ def give(path: Path, owner: tuple[int, int] | None) -> None:
         os.chown(path, *owner, follow_symlinks=False)
 
 
-def inside(state: Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
-    """``value`` (relative to the working directory, or absolute) resolved, symlinks included,
-    and refused with ``ValueError`` unless it lies inside the sandbox."""
-    path = Path(value)
-    resolved = (path if path.is_absolute() else state.workdir / path).resolve()
-    if not resolved.is_relative_to(state.root):
-        raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
-    return resolved
-
-
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)

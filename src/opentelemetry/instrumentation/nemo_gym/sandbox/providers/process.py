@@ -12,17 +12,21 @@ and records).
 
 Where the machine lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the
 ``cpu`` and ``memory`` controllers, writable), each sandbox gets one, at
-``/<cgroup_parent>/<sandbox id>`` in each hierarchy, enforcing the requested cpu (CFS quota),
-memory (a hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of
-swapping) and the provider's ``pids_limit``. Elsewhere the sandbox still works; its allocation
-then says ``source = "process"`` with no limits. A requested ``disk_gib`` is a size-limited
-tmpfs where this process may mount one (``_disk``).
+``<base>/<cgroup_parent>/<sandbox id>``, enforcing the requested cpu (CFS quota), memory (a
+hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of swapping) and
+the provider's ``pids_limit``. The base is the server's own cgroup, so that the server's limits
+bound its sandboxes too, or the cgroup ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names
+(``_cgroup_placement``; on cgroup v2 the server may move itself into a leaf child of its
+cgroup first). Elsewhere the sandbox still works; its allocation then says
+``source = "process"`` with no limits. A requested ``disk_gib`` is a size-limited tmpfs
+where this process may mount one (``_disk``).
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
 
-The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies go to a thread, and
-subprocess I/O uses asyncio.
+The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies (``_transfers``, which
+opens paths in the sandbox following no symlink) go to a thread, and subprocess I/O uses
+asyncio.
 """
 
 from __future__ import annotations
@@ -38,7 +42,13 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups, _disk
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import (
+    _bwrap,
+    _cgroup_placement,
+    _cgroups,
+    _disk,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
@@ -47,13 +57,15 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox i
     check_options,
     check_spec,
     forget_ended_sessions,
-    give,
-    inside,
     kill_all,
-    make_directories,
     make_directory,
     make_temporary,
     run_command,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._transfers import (
+    download,
+    open_working_directory,
+    upload,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -97,9 +109,13 @@ class ProcessSandboxProvider:
     a loopback of their own and nothing else. ``read_only_paths`` are absolute host paths
     isolated commands also see, read-only, at the same place (an interpreter or a virtualenv
     outside ``/usr``). ``cgroups=False`` never uses cgroups; otherwise they are used where
-    writable. ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None``
-    for no cap). ``cgroup_parent`` names the directory under each hierarchy's root that holds
-    the sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
+    writable, beneath the server's own cgroup (or the one
+    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names), decided when the provider is made;
+    on cgroup v2 that may move this process, only when it is alone in its cgroup, into the
+    cgroup's child ``nemo_gym_server`` (docs/sandboxes.md, "Where sandbox cgroups go").
+    ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None`` for no
+    cap). ``cgroup_parent`` names the directory beneath that cgroup that holds the sandboxes'
+    cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
     Isolated commands never run as the host's root: a server running as root runs bubblewrap,
     and so every command, as ``sandbox_uid`` (and the gid of that number; default 65534,
@@ -147,7 +163,11 @@ class ProcessSandboxProvider:
         self._sandbox_uid = sandbox_uid
         self._network = network
         self._pids_limit = pids_limit
-        self._layout = _cgroups.discover_layout() if cgroups else None
+        self._layout = (
+            _cgroup_placement.discover_layout(_settings.sandbox_cgroup_parent())
+            if cgroups
+            else None
+        )
         self._cgroup_parent = cgroup_parent
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
         self._max_output = max_output_bytes
@@ -326,7 +346,8 @@ class ProcessSandboxProvider:
         """Run ``command`` with ``sh -c`` in the sandbox, in its cgroup, in a new session.
 
         ``cwd`` is relative to the sandbox's working directory (or absolute inside the
-        sandbox); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
+        sandbox), a directory reached through no symlink (``ValueError`` otherwise, naming
+        it); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
         process group is killed and the result has ``error_type="timeout"`` and
         ``return_code=EXEC_TIMEOUT_RETURN_CODE``. A command killed by a signal returns
         128 + the signal number; when the kernel OOM-killed it, ``error_type="oom_kill"``.
@@ -340,48 +361,54 @@ class ProcessSandboxProvider:
         if user is not None:
             raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
         timeout = _positive_seconds("timeout_s", timeout_s)
-        directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
         command_env = {**state.env, **check_env("env", env)}
-        if state.jail is None:
+        directory, opened = state.workdir, None
+        if cwd is not None:
+            # Opened following no symlink, so that a command cannot point it out of the sandbox.
+            directory, opened = open_working_directory(state, "cwd", cwd)
+        try:
+            if state.jail is None:
+                # Through the descriptor, not by name: the directory checked, even if a command
+                # has swapped a symlink in for it since.
+                on_host = directory if opened is None else Path(f"/proc/self/fd/{opened}")
+                argv, cwd_on_host = ["/bin/sh", "-c", command], on_host
+            else:
+                # bwrap changes to the directory inside the command's own mount namespace, where
+                # a symlink swapped in since the check leads only to what the command sees anyway.
+                assert state.tmp is not None  # made with the jail
+                mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
+                argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
+                cwd_on_host = state.root
             return await run_command(
                 state,
-                ["/bin/sh", "-c", command],
-                cwd=directory,
+                argv,
+                cwd=cwd_on_host,
                 env=command_env,
                 timeout=timeout,
                 max_output=self._max_output,
+                pass_fds=() if state.jail is None else state.jail.fds,
             )
-        assert state.tmp is not None  # made with the jail
-        mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
-        return await run_command(
-            state,
-            _bwrap.command_argv(state.jail, mounts, self._network, directory, command),
-            cwd=state.root,
-            env=command_env,
-            timeout=timeout,
-            max_output=self._max_output,
-            pass_fds=state.jail.fds,
-        )
+        finally:
+            if opened is not None:
+                os.close(opened)
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
-        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
+        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made).
+
+        Every component of ``target_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        target = inside(state, "target_path", target_path)
-
-        def copy() -> None:
-            make_directories(state.root, target.parent, state.owner)
-            shutil.copyfile(source_path, target)
-            give(target, state.owner)  # a file the command can read and write
-
-        await asyncio.to_thread(copy)
+        await asyncio.to_thread(upload, state, Path(source_path), "target_path", target_path)
 
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path
     ) -> None:
-        """Copy ``source_path`` from inside the sandbox to local ``target_path``."""
+        """Copy ``source_path`` from inside the sandbox to local ``target_path``.
+
+        Every component of ``source_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        source = inside(state, "source_path", source_path)
-        await asyncio.to_thread(shutil.copyfile, source, target_path)
+        await asyncio.to_thread(download, state, "source_path", source_path, Path(target_path))
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
@@ -428,9 +455,9 @@ class ProcessSandboxProvider:
         for sandbox_id in list(self._sandboxes):
             await self.close(SandboxHandle(sandbox_id, self.name, None))
         if self._layout is not None:
-            for mount in set(self._layout.mounts.values()):
+            for base in set(self._layout.bases.values()):
                 with contextlib.suppress(OSError):
-                    (mount / self._cgroup_parent).rmdir()
+                    (base / self._cgroup_parent).rmdir()
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
