@@ -27,7 +27,6 @@ that is not a directory ``ENOTDIR``, a missing one ``ENOENT``. Paths are relativ
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
@@ -87,11 +86,17 @@ def open_beneath(
 
 
 def open_directory_beneath(
-    directory: int, path: str, *, make: bool = False, use_openat2: bool | None = None
+    directory: int,
+    path: str,
+    *,
+    make: bool = False,
+    owner: tuple[int, int] | None = None,
+    use_openat2: bool | None = None,
 ) -> int:
     """An ``O_PATH`` descriptor of directory ``path`` beneath ``directory`` (``""``: that
     directory itself), following no symlink; ``make`` creates the missing ones (mode 0777
-    less the umask), each opened the same way right after it is made."""
+    less the umask, ``owner``'s (uid, gid) when given), each opened the same way right after
+    it is made."""
     parts = _parts(path)
     if not parts:
         return os.dup(directory)
@@ -106,8 +111,14 @@ def open_directory_beneath(
     current = os.dup(directory)
     try:
         for name in parts:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(name, dir_fd=current)
+            except FileExistsError:
+                pass
+            else:
+                if owner is not None:
+                    # By name, not following a symlink: one swapped in since is changed itself.
+                    os.chown(name, *owner, dir_fd=current, follow_symlinks=False)
             # Made or found, it is opened like any other component: a command that swapped a
             # symlink in since the mkdir is refused here.
             following = open_directory_beneath(current, name, use_openat2=use_openat2)

@@ -49,7 +49,8 @@ def relative_to_root(state: Sandbox, name: str, value: str | os.PathLike[str]) -
 
 def upload(state: Sandbox, source: Path, name: str, value: str | os.PathLike[str]) -> None:
     """Copy local ``source`` to ``value`` in the sandbox, its parents made, an existing file
-    overwritten in place (its owner and mode kept, as ``shutil.copyfile`` did)."""
+    overwritten in place (its mode kept, as ``shutil.copyfile`` did); what it makes or writes
+    is the sandbox's ``owner``'s, when it has one (a root server's sandbox)."""
     relative = relative_to_root(state, name, value)
     parent, _, file_name = relative.rpartition("/")
     if not file_name:
@@ -58,7 +59,10 @@ def upload(state: Sandbox, source: Path, name: str, value: str | os.PathLike[str
         root = _open_root(state)
         try:
             directory = _refusing_symlinks(
-                state, name, value, lambda: open_directory_beneath(root, parent, make=True)
+                state,
+                name,
+                value,
+                lambda: open_directory_beneath(root, parent, make=True, owner=state.owner),
             )
         finally:
             os.close(root)
@@ -76,6 +80,8 @@ def upload(state: Sandbox, source: Path, name: str, value: str | os.PathLike[str
         finally:
             os.close(directory)
         _require_regular_file(state, name, value, fd)
+        if state.owner is not None:
+            os.fchown(fd, *state.owner)  # a file the command (not root) can read and write
         with os.fdopen(fd, "wb") as writer:
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)

@@ -18,7 +18,8 @@ the provider's ``pids_limit``. The base is the server's own cgroup, so that the 
 bound its sandboxes too, or the cgroup ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names
 (``_cgroup_placement``; on cgroup v2 the server may move itself into a leaf child of its
 cgroup first). Elsewhere the sandbox still works; its allocation then says
-``source = "process"`` with no limits.
+``source = "process"`` with no limits. A requested ``disk_gib`` is a size-limited tmpfs
+where this process may mount one (``_disk``).
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
@@ -36,6 +37,7 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +47,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers import (
     _bwrap,
     _cgroup_placement,
     _cgroups,
+    _disk,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
@@ -71,6 +74,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
+    SandboxResourceAmounts,
     SandboxSpec,
     SandboxStatus,
     _positive_seconds,
@@ -113,9 +117,16 @@ class ProcessSandboxProvider:
     cap). ``cgroup_parent`` names the directory beneath that cgroup that holds the sandboxes'
     cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
+    Isolated commands never run as the host's root: a server running as root runs bubblewrap,
+    and so every command, as ``sandbox_uid`` (and the gid of that number; default 65534,
+    ``nobody``), which owns the sandbox's files and must be able to reach ``base_dir`` and
+    ``read_only_paths`` (``create`` names the first it cannot); any other server runs them as
+    its own uid. ``disk_gib`` is enforced for isolated sandboxes of a root server (a tmpfs of
+    that size holds the sandbox's directory and its ``/tmp``; see ``_disk``); elsewhere it is
+    not, and the allocation record has no disk limit.
 
-    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
-    and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
+    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored) and
+    ``ttl_s``. A GPU request raises
     ``SandboxCreateError``. Options arrive as keyword arguments, from code or from a NeMo Gym
     config (``{"otel_process": {...}}``); a bad value raises ``ValueError`` naming the option
     and the value.
@@ -134,6 +145,7 @@ class ProcessSandboxProvider:
         cgroup_parent: str = "nemo_gym",
         base_dir: str | os.PathLike[str] | None = None,
         max_output_bytes: int = 8 * MIB,
+        sandbox_uid: int = 65534,
     ) -> None:
         # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
         self._read_only_paths = check_options(
@@ -145,8 +157,10 @@ class ProcessSandboxProvider:
             cgroup_parent=cgroup_parent,
             base_dir=base_dir,
             max_output_bytes=max_output_bytes,
+            sandbox_uid=sandbox_uid,
         )
         self._isolation = isolation
+        self._sandbox_uid = sandbox_uid
         self._network = network
         self._pids_limit = pids_limit
         self._layout = (
@@ -186,12 +200,23 @@ class ProcessSandboxProvider:
         resources, relative_workdir, env, files = check_spec(spec)
         # Before anything is made: without bwrap there is nothing to undo.
         bwrap = _bwrap.find_bwrap() if self._isolation == "bwrap" else None
+        drop = None if bwrap is None else _bwrap.drop_for(self._sandbox_uid)
+        owner = None if drop is None else (drop.uid, drop.gid)
+        if drop is not None:
+            await asyncio.to_thread(self._check_reach, drop)
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
+        disk = None
+        if bwrap is not None and resources.disk_gib is not None:
+            disk = await self._make_disk(sandbox_id, resources.disk_gib, owner)
+        # With a disk limit, the sandbox's directory and its /tmp are made on its disk.
+        base_dir = self._base_dir if disk is None else str(disk)
         try:
             root, work = await asyncio.to_thread(
-                make_directory, self._base_dir, sandbox_id, relative_workdir, files
+                make_directory, base_dir, sandbox_id, relative_workdir, files, owner
             )
         except OSError as exc:
+            if disk is not None:
+                await self._remove_disk(disk)
             raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
 
         cgroup = None
@@ -215,7 +240,16 @@ class ProcessSandboxProvider:
             "HOME": str(work),
             "LANG": "C.UTF-8",
         }
-        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation)
+        state = Sandbox(
+            sandbox_id,
+            root,
+            work,
+            {**base_env, **env},
+            cgroup,
+            self._isolation,
+            owner=owner,
+            disk=disk,
+        )
         if bwrap is None:
             logger.warning(
                 "sandbox %s is not isolated (isolation='none'): its commands run as this "
@@ -225,9 +259,9 @@ class ProcessSandboxProvider:
         else:
             try:
                 state.tmp = await asyncio.to_thread(
-                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-"
+                    make_temporary, base_dir, f"nemo-gym-{sandbox_id}-tmp-", owner
                 )
-                state.jail = await _bwrap.start_jail(bwrap, self._network)
+                state.jail = await _bwrap.start_jail(bwrap, self._network, drop)
             except (Exception, asyncio.CancelledError) as exc:
                 await self._discard(state)
                 if isinstance(exc, OSError):
@@ -235,6 +269,54 @@ class ProcessSandboxProvider:
                 raise
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    async def _make_disk(
+        self, sandbox_id: str, size_gib: int, owner: tuple[int, int] | None
+    ) -> Path | None:
+        """A tmpfs of ``size_gib`` GiB for the sandbox (see ``_disk``), or ``None`` with a
+        warning where this process cannot mount one: its disk use is then not bounded."""
+        if not _disk.can_mount():
+            logger.warning(
+                "sandbox %s asked for disk_gib=%s: not enforced (a size-limited file system "
+                "needs a root server); its allocation record has no disk limit",
+                sandbox_id,
+                size_gib,
+            )
+            return None
+        try:
+            disk = await asyncio.to_thread(
+                make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-disk-", None
+            )
+        except OSError as exc:
+            raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
+        try:
+            await _disk.mount(disk, size_gib, owner)
+        except (Exception, asyncio.CancelledError) as exc:
+            await asyncio.to_thread(disk.rmdir)
+            if isinstance(exc, OSError):
+                raise SandboxCreateError(f"process sandbox disk failed: {exc}") from exc
+            raise
+        return disk
+
+    async def _remove_disk(self, disk: Path) -> None:
+        await _disk.unmount(disk)
+        await asyncio.to_thread(shutil.rmtree, disk, True)
+
+    def _check_reach(self, drop: _bwrap.Drop) -> None:
+        """``SandboxCreateError`` naming the first path bwrap would bind that ``drop``'s uid
+        cannot reach (bwrap resolves them as that uid)."""
+        base_dir = self._base_dir or tempfile.gettempdir()
+        # A base_dir that is no directory fails as the sandbox's directory is made.
+        places = [("base_dir", base_dir)] if os.path.isdir(base_dir) else []
+        places += [("read_only_paths entry", path) for path in self._read_only_paths]
+        for name, path in places:
+            blocked = _bwrap.unreachable(path, drop)
+            if blocked is not None:
+                raise SandboxCreateError(
+                    f"{name} {path!r} is out of reach of sandbox_uid {drop.uid}, which may not "
+                    f"pass {blocked!r}: a root server runs its sandboxes as that uid (make the "
+                    "directories on the way searchable by it, or use another path)"
+                )
 
     def sandbox_attributes(self, handle: SandboxHandle) -> dict[str, Attribute]:
         """Attributes of the sandbox for its whole life, which tracing adds to its identity
@@ -304,6 +386,7 @@ class ProcessSandboxProvider:
                 env=command_env,
                 timeout=timeout,
                 max_output=self._max_output,
+                pass_fds=() if state.jail is None else state.jail.fds,
             )
         finally:
             if opened is not None:
@@ -364,6 +447,8 @@ class ProcessSandboxProvider:
         for directory in (state.root, state.tmp):
             if directory is not None:
                 await asyncio.to_thread(shutil.rmtree, directory, True)
+        if state.disk is not None:
+            await self._remove_disk(state.disk)
 
     async def aclose(self) -> None:
         """Close every sandbox still open and drop the (empty) cgroup parents."""
@@ -383,17 +468,25 @@ class ProcessSandboxProvider:
         parents every command), and no limits.
         """
         state = self._open(handle)
+        disk_gib = None if state.disk is None else _disk.limit_gib(state.disk)
         if state.cgroup is None:
             return ResourceAllocation(
                 source="process",
-                components=(ComponentAllocation(_COMPONENT),),
+                components=(
+                    ComponentAllocation(
+                        _COMPONENT, limits=SandboxResourceAmounts(disk_gib=disk_gib)
+                    ),
+                ),
                 designator=ResourceDesignator("process", str(os.getpid()), self._boot_id),
                 host=self._host,
             )
-        limits = _cgroups.cgroup_limits(state.cgroup)
+        enforced = _cgroups.cgroup_limits(state.cgroup)
         pids = _cgroups.pids_limit(state.cgroup)
-        if pids is not None:
-            limits = ContainerResourceAmounts(limits.cpu, limits.memory_mib, pids=pids)
+        limits = (
+            SandboxResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib)
+            if pids is None
+            else ContainerResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib, pids=pids)
+        )
         return ResourceAllocation(
             source=f"cgroup.v{state.cgroup.version}",
             components=(ComponentAllocation(_COMPONENT, limits=limits),),
