@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import shutil
 import sys
 from typing import Any
 
@@ -40,8 +41,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # What a NeMo Gym config names: `sandbox_provider: {otel_process: {cgroups: true, ...}}`. The
-# sandbox runs this interpreter, which its isolation hides unless it is named, read-only.
-INTERPRETER = sorted({sys.prefix, sys.base_prefix})
+# sandbox runs the system's Python, which it sees; without one, this interpreter, which its
+# isolation hides unless it is named, read-only (where a root server's sandboxes reach it).
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+PYTHON = SYSTEM_PYTHON or sys.executable
+INTERPRETER = [] if SYSTEM_PYTHON else sorted({sys.prefix, sys.base_prefix})
 PROVIDER_CONFIG: dict[str, dict[str, Any]] = {
     "otel_process": {"cgroups": True, "read_only_paths": INTERPRETER}
 }
@@ -56,7 +60,7 @@ MISMATCH = PREFIX + "allocation.mismatch."
 async def run_sandbox(config: dict[str, dict[str, Any]]) -> None:
     async with AsyncSandbox(config, SPEC) as sandbox:
         await sandbox.start()
-        for command in (f"{sys.executable} solve.py", "echo $HOME"):
+        for command in (f"{PYTHON} solve.py", "echo $HOME"):
             result = await sandbox.exec(command, timeout_s=30)
             print(f"$ {command}\n  exit {result.return_code}: {(result.stdout or '').strip()}")
     # The records run in tasks beside the sandbox's calls, and asyncio.run() cancels whatever

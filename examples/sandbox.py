@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -32,13 +33,14 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import PR
 from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import traced_provider
 
 INTERVAL_S = "0.25"
-CPU_BOUND = (
-    f"{sys.executable} -c 'import time\nend = time.time() + 1.0\nwhile time.time() < end: pass'"
-)
-MEMORY_HUNGRY = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
-# The commands run this interpreter, which an isolated sandbox sees only where it is told to
-# (read-only): its virtualenv and the installation behind it.
-INTERPRETER = sorted({sys.prefix, sys.base_prefix})
+# The commands run the system's Python, which an isolated sandbox sees; without one, this
+# interpreter, which it sees only where it is told to (read-only): its virtualenv and the
+# installation behind it (a root server's sandboxes must be able to reach them).
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+PYTHON = SYSTEM_PYTHON or sys.executable
+INTERPRETER = [] if SYSTEM_PYTHON else sorted({sys.prefix, sys.base_prefix})
+CPU_BOUND = f"{PYTHON} -c 'import time\nend = time.time() + 1.0\nwhile time.time() < end: pass'"
+MEMORY_HUNGRY = f"{PYTHON} -c \"b = b'x' * (200 * 1024 * 1024)\""
 
 
 def collect_spans() -> InMemorySpanExporter:

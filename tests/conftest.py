@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +257,17 @@ async def process() -> AsyncIterator[ProcessSandboxProvider]:
     made = ProcessSandboxProvider(cgroups=False)
     yield made
     await made.aclose()
+
+
+@pytest.fixture
+def sandbox_base_dir() -> Iterator[Path]:
+    """A ``base_dir`` for process sandboxes that any uid may pass, removed after the test: a
+    root server's sandboxes run as ``sandbox_uid``, which cannot reach pytest's ``tmp_path``
+    (under a directory only root may enter)."""
+    made = Path(tempfile.mkdtemp(prefix="nemo-gym-base-"))
+    made.chmod(0o755)
+    yield made
+    shutil.rmtree(made)
 
 
 @pytest.fixture

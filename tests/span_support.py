@@ -109,6 +109,19 @@ def record(identity: dict[str, Any], kind: str, final: bool = False) -> dict[str
     return {**identity, KIND: kind, FINAL: final}
 
 
+def sandbox_cgroup_path(sandbox_id: str) -> str:
+    """The cgroup path of a process sandbox made in this process, read independently of the
+    code under test: ``nemo_gym/<id>`` beneath this process's own memory cgroup (v1) or its
+    v2 cgroup (without the ``nemo_gym_server`` leaf the provider may have moved it into)."""
+    paths = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            paths[controller] = path
+    own = paths["memory"] if "memory" in paths else paths[""].removesuffix("/nemo_gym_server")
+    return f"{own.rstrip('/')}/nemo_gym/{sandbox_id}"
+
+
 def process_allocation(
     extra: dict[str, Any] | None = None, *, cgroup: str | None = None
 ) -> dict[str, Any]:

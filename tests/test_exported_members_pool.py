@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 import typing
 from collections.abc import Callable, Coroutine
@@ -137,11 +138,8 @@ def test_queue_timed_tcp_connector_is_a_tcp_connector() -> None:
     assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector._create_connection)
 
 
-@pytest.mark.skipif(
-    not hasattr(inspect, "markcoroutinefunction"), reason="markcoroutinefunction is Python 3.12+"
-)
 def test_queue_timed_tcp_connector_connect_reports_coroutine_function() -> None:
-    """On Python 3.12+ inspect.iscoroutinefunction tells the truth about connect()."""
+    """inspect.iscoroutinefunction tells the truth about connect() on every supported Python."""
     assert inspect.iscoroutinefunction(cp.QueueTimedTCPConnector.connect)
 
 
@@ -193,22 +191,22 @@ def test_queue_wait_override_matches_aiohttp_signature(name: str) -> None:
 
 
 def test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters() -> None:
-    """connect() takes exactly aiohttp's parameters (names, kinds, defaults), annotated as a
-    plain def returning the coroutine that awaiting gives a Connection.
+    """connect() takes exactly aiohttp's parameters (names, kinds, defaults); on Python 3.12+
+    it is a plain def, marked a coroutine function, returning the coroutine that awaiting gives
+    a Connection, and on 3.11 an ``async def`` giving the Connection.
 
     nemo_gym.telemetry.connection_pool documents
     ``async connect(req, *args, **kwargs) -> Connection``. Ours departs from the letter for the
-    hot path: no coroutine frame of its own, and no packing and re-spreading of the arguments;
-    every call aiohttp's connect() accepts, ours accepts and passes on unchanged. This test
-    fails when an aiohttp release changes the parameters.
+    hot path where Python lets it say the truth to ``inspect`` all the same: no coroutine frame
+    of its own, and no packing and re-spreading of the arguments; every call aiohttp's
+    connect() accepts, ours accepts and passes on unchanged. This test fails when an aiohttp
+    release changes the parameters.
     """
     theirs = aiohttp.TCPConnector.connect
     ours = cp.QueueTimedTCPConnector.connect
     assert _override_shape(ours) == _override_shape(theirs)
-    assert (
-        inspect.signature(ours, eval_str=True).return_annotation
-        == (Coroutine[Any, Any, Connection])
-    )
+    returns = Coroutine[Any, Any, Connection] if sys.version_info >= (3, 12) else Connection
+    assert inspect.signature(ours, eval_str=True).return_annotation == returns
 
 
 def test_connection_pool_capacity_is_named_tuple() -> None:

@@ -11,6 +11,7 @@ Needs root (namespaces, cgroups): skipped otherwise, failing under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -22,6 +23,9 @@ import pytest
 
 from conftest import require_service
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_placement import (
+    discover_layout,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroups import (
     Cgroup,
     joining,
@@ -114,7 +118,7 @@ async def test_host_instance_reader_sums_the_namespace_from_proc(processes: Proc
 
 @pytest.fixture
 async def instance_cgroup(processes: Processes) -> Iterator[Cgroup]:  # type: ignore[misc]
-    layout = _cgroups.discover_layout()
+    layout = discover_layout(None)
     require_service(layout is not None, "no writable cgroup hierarchy with cpu and memory")
     assert layout is not None
     cgroup = _cgroups.make_cgroup(
@@ -126,6 +130,9 @@ async def instance_cgroup(processes: Processes) -> Iterator[Cgroup]:  # type: ig
         processes.stop()
         processes.started.clear()
         await remove_cgroup(cgroup)
+        for base in set(layout.bases.values()):
+            with contextlib.suppress(OSError):
+                (base / "nemo_gym_test").rmdir()
 
 
 def _in_cgroup(cgroup: Cgroup, *argv: str) -> list[str]:

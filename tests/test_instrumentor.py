@@ -387,12 +387,12 @@ async def test_instrument_registers_sandbox_processor_and_uninstrument_silences_
     instrumentor: NemoGymInstrumentor,
     global_tracer_provider: TracerProvider,
     span_exporter: InMemorySpanExporter,
-    tmp_path: Path,
+    sandbox_base_dir: Path,
 ) -> None:
     """Spans inside ``sandbox_scope`` carry the sandbox identity until ``uninstrument()``."""
     instrumentor.instrument(tracer_provider=global_tracer_provider, connection_pool=False)
     tracer = global_tracer_provider.get_tracer("user-code")
-    provider = ProcessSandboxProvider(base_dir=tmp_path)
+    provider = ProcessSandboxProvider(base_dir=sandbox_base_dir)
     handle = await provider.create(SandboxSpec())
     try:
         with sandbox_scope(handle), tracer.start_as_current_span("grade-answer"):
@@ -411,11 +411,11 @@ async def test_instrument_traces_bundled_providers_until_uninstrument(
     instrumentor: NemoGymInstrumentor,
     global_tracer_provider: TracerProvider,
     span_exporter: InMemorySpanExporter,
-    tmp_path: Path,
+    sandbox_base_dir: Path,
 ) -> None:
     """A plain ``ProcessSandboxProvider`` is traced after ``instrument()`` and not after."""
     instrumentor.instrument(connection_pool=False)
-    provider = ProcessSandboxProvider(base_dir=tmp_path)
+    provider = ProcessSandboxProvider(base_dir=sandbox_base_dir)
     handle = await provider.create(SandboxSpec())
     await provider.exec(handle, "true")
     await provider.close(handle)

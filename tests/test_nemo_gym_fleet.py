@@ -94,12 +94,12 @@ async def test_registered_provider_capped_cpu_reported(
 
 @pytest.mark.usefixtures("instrumented")
 async def test_async_sandbox_otel_process_without_cgroups_reports_no_limit(
-    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path
+    telemetry: Telemetry, nemo_gym: ModuleType, sandbox_base_dir: Path
 ) -> None:
     """Our process provider without cgroups enforces nothing: asked for CPU and memory, its
     allocation record says neither is limited, and both are counted."""
     spec = nemo_gym.SandboxSpec(resources={"cpu": 0.5, "memory_mib": 64})
-    config = {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}
+    config = {"otel_process": {"cgroups": False, "base_dir": str(sandbox_base_dir)}}
     async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
         await sandbox.start()
         sandbox_id = sandbox._handle.sandbox_id
@@ -122,7 +122,7 @@ async def test_async_sandbox_otel_process_without_cgroups_reports_no_limit(
 
 @pytest.mark.usefixtures("instrumented")
 async def test_async_sandbox_otel_process_oom_kill_counted(
-    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path
+    telemetry: Telemetry, nemo_gym: ModuleType, sandbox_base_dir: Path
 ) -> None:
     """A command outgrowing the sandbox's cgroup memory limit is OOM-killed; the final sample
     shows it and gym.sandbox.oom_kills counts exactly the kills it shows. The limit honours
@@ -131,7 +131,7 @@ async def test_async_sandbox_otel_process_oom_kill_counted(
         ProcessSandboxProvider().cgroup_version is not None, "no writable cgroup hierarchy"
     )
     spec = nemo_gym.SandboxSpec(resources={"memory_mib": 48})
-    config = {"otel_process": {"base_dir": str(tmp_path)}}
+    config = {"otel_process": {"base_dir": str(sandbox_base_dir)}}
     # dd's 200 MiB block is one buffer, filled from /dev/zero (nothing outside the system
     # directories, which are all an isolated sandbox sees).
     hog = "exec dd if=/dev/zero of=/dev/null bs=200M count=1"

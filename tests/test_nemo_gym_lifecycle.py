@@ -113,12 +113,10 @@ async def test_async_sandbox_registered_provider_lifecycle_and_usage(
 
 @pytest.mark.usefixtures("instrumented")
 async def test_async_sandbox_otel_process_lifecycle(
-    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path
+    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path, sandbox_base_dir: Path
 ) -> None:
     """Our process provider by name: NeMo Gym's lifecycle metrics, under provider process."""
-    sandboxes = tmp_path / "sandboxes"
-    sandboxes.mkdir()
-    config = {"otel_process": {"cgroups": False, "base_dir": str(sandboxes)}}
+    config = {"otel_process": {"cgroups": False, "base_dir": str(sandbox_base_dir)}}
     await run_sandbox(nemo_gym, config, nemo_gym.SandboxSpec(), tmp_path, remote="in.txt")
     assert_lifecycle(telemetry, "process", 1)
 

@@ -93,7 +93,9 @@ def test_nemo_gym_main_built_ins_are_the_ones_ours_avoid() -> None:
         assert nemo_gym.get_provider_class(name) is cls
 
 
-async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_path: Path) -> None:
+async def test_async_sandbox_otel_process_end_to_end(
+    nemo_gym: ModuleType, tmp_path: Path, sandbox_base_dir: Path
+) -> None:
     """AsyncSandbox picks the process provider by its registry name and runs a command, with
     files uploaded by NeMo Gym and a download back."""
     spec = nemo_gym.SandboxSpec(
@@ -102,7 +104,7 @@ async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_p
         resources={"cpu": 0.5, "memory_mib": 256},
     )
     async with nemo_gym.AsyncSandbox(
-        {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}, spec
+        {"otel_process": {"cgroups": False, "base_dir": str(sandbox_base_dir)}}, spec
     ) as sandbox:
         await sandbox.start()
         result = await sandbox.exec('printf "%s %s" "$(cat greeting.txt)" "$WHO"')
@@ -114,12 +116,12 @@ async def test_async_sandbox_otel_process_end_to_end(nemo_gym: ModuleType, tmp_p
 
 
 @pytest.mark.nemo_gym_main
-async def test_async_sandbox_otel_process_ports_without_endpoint(tmp_path: Path) -> None:
+async def test_async_sandbox_otel_process_ports_without_endpoint(sandbox_base_dir: Path) -> None:
     """A NeMo Gym main spec declaring ports starts a process sandbox (its ports ignored, as
     NeMo Gym's own apptainer does), and asking for an endpoint raises NeMo Gym's error."""
     nemo_gym = nemo_gym_main()
     spec = nemo_gym.SandboxSpec(ports=[8080])
-    config = {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}
+    config = {"otel_process": {"cgroups": False, "base_dir": str(sandbox_base_dir)}}
     async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
         await sandbox.start()
         assert (await sandbox.exec("echo up")).stdout == "up\n"
@@ -127,10 +129,12 @@ async def test_async_sandbox_otel_process_ports_without_endpoint(tmp_path: Path)
             await sandbox.endpoint(8080)
 
 
-async def test_process_provider_nemo_gym_objects(nemo_gym: ModuleType, tmp_path: Path) -> None:
+async def test_process_provider_nemo_gym_objects(
+    nemo_gym: ModuleType, sandbox_base_dir: Path
+) -> None:
     """NeMo Gym's SandboxSpec with its SandboxResources, and its SandboxHandle rebuilt from the
     id, work with the process provider as ours do."""
-    provider = ProcessSandboxProvider(cgroups=False, base_dir=tmp_path)
+    provider = ProcessSandboxProvider(cgroups=False, base_dir=sandbox_base_dir)
     spec = nemo_gym.SandboxSpec(
         workdir="work",
         resources=nemo_gym.SandboxResources(cpu=1.0, memory_mib=128),
@@ -146,9 +150,9 @@ async def test_process_provider_nemo_gym_objects(nemo_gym: ModuleType, tmp_path:
     await provider.aclose()
 
 
-async def test_process_provider_mapping_spec(tmp_path: Path) -> None:
+async def test_process_provider_mapping_spec(sandbox_base_dir: Path) -> None:
     """A plain mapping spec, resources included, creates a sandbox."""
-    provider = ProcessSandboxProvider(cgroups=False, base_dir=tmp_path)
+    provider = ProcessSandboxProvider(cgroups=False, base_dir=sandbox_base_dir)
     handle = await provider.create(
         {"files": {"a.txt": "x"}, "resources": {"cpu": "0.5", "memory_mib": 64}}  # type: ignore[arg-type]
     )

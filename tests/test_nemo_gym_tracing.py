@@ -74,13 +74,13 @@ def nemo_gym() -> ModuleType:
 
 @pytest.mark.usefixtures("instrumented")
 async def test_async_sandbox_otel_process_one_span_per_call(
-    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path
+    telemetry: Telemetry, nemo_gym: ModuleType, tmp_path: Path, sandbox_base_dir: Path
 ) -> None:
     """AsyncSandbox with our process provider by name: one span per call (the provider's class
     is already traced, NeMo Gym's hook adds nothing), one identity throughout, the records,
     and one ``created`` count."""
     spec = nemo_gym.SandboxSpec(files={"in.txt": "payload"})
-    config = {"otel_process": {"cgroups": False, "base_dir": str(tmp_path)}}
+    config = {"otel_process": {"cgroups": False, "base_dir": str(sandbox_base_dir)}}
     async with nemo_gym.AsyncSandbox(config, spec) as sandbox:
         assert type(sandbox._provider) is ProcessSandboxProvider
         await sandbox.start()

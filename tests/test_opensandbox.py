@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 import pytest
 
 from conftest import INSTRUMENT
+from opensandbox_proxy import RenamingProxy
 from test_nemo_gym_main_providers import (
     Receiver,
     _samples,
@@ -458,3 +460,266 @@ async def test_opensandbox_container_removed_from_outside_ends_with_a_sample_say
     samples = _samples(receiver.records("removed"))
     assert samples[-1][P + "resource.final"] is True
     assert samples[-1][P + "usage.unknown_reason"] == "container_removed"
+
+
+# --- two servers, one sandbox id; impossible figures (issue 36, items 6 and 7) ---------------
+
+# The id both proxies show their server's first sandbox under, shaped like OpenSandbox's own.
+SHOWN_ID = "00000000-0000-4000-8000-000000000036"
+CPU_PERCENT = P + "usage.opensandbox.cpu_used_percent"
+MEMORY_USED = P + "usage.opensandbox.memory_used_mib"
+
+
+@contextlib.asynccontextmanager
+async def _traced_through_proxy(
+    servers: list[Server], interval_s: float
+) -> AsyncIterator[tuple[list[Any], list[RenamingProxy], Any]]:
+    """NeMo Gym main's ``OpenSandboxProvider`` for each server, through a ``RenamingProxy`` of
+    its own, traced with a sandbox state of the test's own (an SDK tracer provider with an
+    in-memory exporter, sampling every ``interval_s``); yields the traced providers, the
+    proxies and the exporter. Sandboxes the proxies saw created are removed at the end."""
+    from nemo_gym.sandbox.providers.opensandbox.provider import OpenSandboxProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox.tracing import (
+        SandboxState,
+        traced_provider,
+    )
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    state = SandboxState(tracer_provider, interval_s=interval_s)
+    proxies = [RenamingProxy(server.domain, SHOWN_ID) for server in servers]
+    providers = []
+    try:
+        for proxy, server in zip(proxies, servers, strict=True):
+            connection = {
+                "domain": await proxy.start(),
+                "api_key": server.key,
+                "protocol": "http",
+                "request_timeout_s": 60,
+                "use_server_proxy": True,
+            }
+            providers.append(
+                OpenSandboxProvider(
+                    connection=connection,
+                    create={"timeout_s": 180, "retries": 0},
+                    operations={"retries": 0, "close_timeout_s": 30},
+                )
+            )
+        yield [traced_provider(p, state) for p in providers], proxies, exporter
+    finally:
+        for provider in providers:
+            await provider.aclose()
+        for proxy in proxies:
+            await proxy.close()
+            if proxy.real_id is not None:
+                _remove_containers(proxy.real_id)
+        tracer_provider.shutdown()
+
+
+def _spans_named(exporter: Any, name: str) -> list[dict[str, Any]]:
+    return [dict(s.attributes or {}) for s in exporter.get_finished_spans() if s.name == name]
+
+
+def _metrics_samples(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in _samples(records) if s.get(P + "usage.source") == "opensandbox.metrics"]
+
+
+async def _until(what: str, condition: Callable[[], bool]) -> None:
+    from waiting import eventually
+
+    await eventually(condition, what, timeout=BOUND_S, interval=0.05)
+
+
+async def _finals(exporter: Any, count: int) -> None:
+    """Wait for ``count`` final samples: after a close, the last record a sandbox makes."""
+
+    def finals() -> int:
+        records = _spans_named(exporter, "sandbox.resources")
+        return sum(1 for r in records if r[P + "resource.final"])
+
+    await _until(f"{count} final samples", lambda: finals() >= count)
+
+
+SPEC_ARGS = {"image": IMAGE, "ready_timeout_s": 120}
+
+# What a sample without the metrics API's figures may say on a loaded machine: its record gave
+# up at its deadline (the call goes on; the next sample has its answer), or the call itself
+# passed its 3 s timeout (``usage.unknown_reason``).
+SLOW_SERVER = {
+    (P + "resource.error", "CancelledError"),
+    (P + "resource.error", "TimeoutError"),
+    (P + "usage.unknown_reason", "opensandbox.timeout"),
+}
+
+
+def _unread_outcomes(
+    samples: list[dict[str, Any]], read: list[dict[str, Any]]
+) -> set[tuple[str, Any]]:
+    """What each sample that is not a metrics API reading says instead."""
+    keys = (P + "resource.error", P + "usage.unknown_reason")
+    return {(k, s.get(k)) for s in samples if s not in read for k in keys if k in s} | {
+        ("neither", None) for s in samples if s not in read and not any(k in s for k in keys)
+    }
+
+
+async def test_opensandbox_two_servers_with_one_sandbox_id_keep_their_own_records(
+    server: Server, own_server: Server
+) -> None:
+    """Two real servers whose sandboxes share one id (each behind a proxy that renames it):
+    each sandbox's exec and close spans carry its own request id, each gets its own metrics
+    samples (told apart by the memory figure each proxy reports) and one final, and closing
+    the second leaves the first sampling."""
+    from nemo_gym.sandbox.providers.base import SandboxResources, SandboxSpec
+
+    async with _traced_through_proxy([server, own_server], interval_s=1.0) as (
+        (a, b),
+        (proxy_a, proxy_b),
+        exporter,
+    ):
+        proxy_a.metrics, proxy_b.metrics = {"mem_used_mib": 11.0}, {"mem_used_mib": 22.0}
+        spec = SandboxSpec(resources=SandboxResources(cpu=0.5, memory_mib=64), **SPEC_ARGS)
+        handle_a = await a.create(spec)
+        handle_b = await b.create(spec)
+        assert handle_a.sandbox_id == handle_b.sandbox_id == SHOWN_ID
+        assert proxy_a.real_id != proxy_b.real_id
+
+        def records() -> list[dict[str, Any]]:
+            return _spans_named(exporter, "sandbox.resources")
+
+        def answered(memory: float) -> int:
+            """The metrics samples with ``memory``, each sandbox's rebuilt on its own (the
+            two share an id, by which a partial sample is laid over its previous one)."""
+            every = records()
+            return sum(
+                1
+                for request in {r[P + "request.id"] for r in every}
+                for s in _metrics_samples([r for r in every if r[P + "request.id"] == request])
+                if s.get(MEMORY_USED) == memory
+            )
+
+        await _until("2 samples of each server", lambda: min(answered(11.0), answered(22.0)) >= 2)
+        assert (await a.exec(handle_a, "exit 3", timeout_s=60)).return_code == 3
+        assert (await b.exec(handle_b, "exit 4", timeout_s=60)).return_code == 4
+        await b.close(handle_b)
+        after_close = proxy_a.metrics_answered
+        await _until(
+            "A's metrics asked after B's close", lambda: proxy_a.metrics_answered > after_close + 1
+        )
+        await a.close(handle_a)
+        await _finals(exporter, 2)
+
+    [create_a, create_b] = _spans_named(exporter, "sandbox.create")
+    request_a, request_b = create_a[P + "request.id"], create_b[P + "request.id"]
+    assert request_a != request_b
+
+    def known(request_id: str) -> dict[str, Any]:
+        return {P + "request.id": request_id, P + "provider": "opensandbox", P + "id": SHOWN_ID}
+
+    assert _spans_named(exporter, "sandbox.exec") == [
+        {**known(request_a), P + "exec.return_code": 3},
+        {**known(request_b), P + "exec.return_code": 4},
+    ]
+    assert _spans_named(exporter, "sandbox.close") == [known(request_b), known(request_a)]
+    records = _spans_named(exporter, "sandbox.resources")
+    print("\n== two servers, one sandbox id ==\n" + _shown(records))
+    for request, memory, _proxy in ((request_a, 11.0, proxy_a), (request_b, 22.0, proxy_b)):
+        mine = [r for r in records if r[P + "request.id"] == request]
+        [allocation] = [r for r in mine if r[P + "resource.kind"] == "allocation"]
+        # The renamed id names no container on the engine: the remote path, by the metrics API.
+        assert allocation[P + "allocation.unknown_reason"] == "container_not_found"
+        samples = _samples(mine)
+        read = _metrics_samples(mine)
+        # Every figure this sandbox's samples carry is its own server's (a partial sample
+        # leaves an unchanged one out).
+        assert {s.get(MEMORY_USED, memory) for s in read} == {memory}
+        assert len(read) >= 2
+        assert [s[P + "resource.final"] for s in samples].count(True) == 1
+        assert samples[-1][P + "resource.final"] is True
+        assert _unread_outcomes(samples, read) <= SLOW_SERVER
+        assert server.key not in json.dumps(mine)
+        assert own_server.key not in json.dumps(mine)
+    assert len(records) == sum(1 for r in records if r[P + "request.id"] in (request_a, request_b))
+    # A went on after B's close: its last periodic sample came after B's final.
+    final_b = next(
+        i
+        for i, r in enumerate(records)
+        if r[P + "request.id"] == request_b and r[P + "resource.final"]
+    )
+    assert any(
+        r[P + "request.id"] == request_a and not r[P + "resource.final"]
+        for r in records[final_b + 1 :]
+    )
+
+
+async def test_opensandbox_connect_to_an_open_sandbox_stays_that_sandbox(server: Server) -> None:
+    """A connect (NeMo Gym's ``connect({"sandbox_id": ...})``) to a sandbox this process has
+    open gives a second handle to the same sandbox: the connect and exec spans carry the
+    create's identity, no second allocation read or sampler starts, and closing one handle
+    ends the one sampler with one final."""
+    from nemo_gym.sandbox.providers.base import SandboxSpec
+
+    async with _traced_through_proxy([server], interval_s=1.0) as ((provider,), _, exporter):
+        created = await provider.create(SandboxSpec(**SPEC_ARGS))
+        connected = await provider.connect({"sandbox_id": created.sandbox_id})
+        assert connected is not created
+        assert (await provider.exec(connected, "exit 5", timeout_s=60)).return_code == 5
+        await _until(
+            "a metrics sample",
+            lambda: bool(_metrics_samples(_spans_named(exporter, "sandbox.resources"))),
+        )
+        await provider.close(connected)
+        await _finals(exporter, 1)
+    [create] = _spans_named(exporter, "sandbox.create")
+    known = {k: create[k] for k in (P + "request.id", P + "provider", P + "id")}
+    assert _spans_named(exporter, "sandbox.connect") == [known]
+    assert _spans_named(exporter, "sandbox.exec") == [{**known, P + "exec.return_code": 5}]
+    assert _spans_named(exporter, "sandbox.close") == [known]
+    records = _spans_named(exporter, "sandbox.resources")
+    assert all({k: r[k] for k in known} == known for r in records)
+    assert [r[P + "resource.kind"] for r in records].count("allocation") == 1
+    assert [r[P + "resource.final"] for r in records].count(True) == 1
+
+
+async def test_opensandbox_impossible_metrics_are_dropped_and_logged_once(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through a proxy that makes the real server's metrics answer say 1e9 % CPU on its own 2
+    CPUs and 1e13 MiB of its own ~24 GiB: no sample carries either figure, and each drop is
+    logged once; the answer's other figures (its timestamp) are kept."""
+    from nemo_gym.sandbox.providers.base import SandboxSpec
+
+    from opentelemetry.instrumentation.nemo_gym.sandbox import _log
+
+    _log._FAILURES.reset()  # this test's warnings are the first of their kind
+    caplog.set_level(logging.WARNING, "opentelemetry.instrumentation.nemo_gym")
+    async with _traced_through_proxy([server], interval_s=1.0) as ((provider,), (proxy,), exporter):
+        proxy.metrics = {"cpu_used_pct": 1e9, "mem_used_mib": 1e13}
+        handle = await provider.create(SandboxSpec(**SPEC_ARGS))
+        await _until(
+            "2 metrics samples",
+            lambda: len(_metrics_samples(_spans_named(exporter, "sandbox.resources"))) >= 2,
+        )
+        await provider.close(handle)
+        await _finals(exporter, 1)
+    records = _spans_named(exporter, "sandbox.resources")
+    read = _metrics_samples(records)
+    assert len(read) >= 2
+    assert _unread_outcomes(_samples(records), read) <= SLOW_SERVER
+    for sample in read:
+        assert not {CPU_PERCENT, MEMORY_USED} & sample.keys(), sample
+        assert isinstance(sample.get(P + "usage.opensandbox.timestamp_ms", 0), int)
+    assert isinstance(read[0][P + "usage.opensandbox.timestamp_ms"], int)
+    dropped = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "more than the answer's own" in r.getMessage()
+    ]
+    assert sorted(m.split(":")[0] for m in dropped) == [
+        "dropping sample value usage.opensandbox.cpu_used_percent",
+        "dropping sample value usage.opensandbox.memory_used_mib",
+    ]

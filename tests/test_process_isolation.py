@@ -224,7 +224,7 @@ def test_process_isolation_hides_the_servers_environment(isolation: str, tmp_pat
 def require_pids_controller(provider: ProcessSandboxProvider) -> None:
     layout = provider._layout
     require_service(
-        layout is not None and (layout.version == 2 or "pids" in layout.mounts),
+        layout is not None and (layout.version == 2 or "pids" in layout.bases),
         "no writable cgroup hierarchy with the pids controller (run as root)",
     )
 

@@ -4,6 +4,9 @@ opt-in (``isolation="none"``) is loud, and every span and record says which leve
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,11 +136,23 @@ def test_process_isolation_option_is_checked() -> None:
         ProcessSandboxProvider(pids_limit=0)
 
 
-async def test_process_isolation_read_only_path_under_tmp_is_visible(tmp_path: Path) -> None:
+@pytest.fixture
+def checkout_in_tmp() -> Iterator[Path]:
+    """A directory under the host's /tmp that any user may pass (as a checkout there is; a
+    root server's sandboxes must reach what they bind, and pytest's tmp_path is root's)."""
+    checkout = Path(tempfile.mkdtemp(prefix="nemo-gym-checkout-"))
+    checkout.chmod(0o755)
+    yield checkout
+    shutil.rmtree(checkout)
+
+
+async def test_process_isolation_read_only_path_under_tmp_is_visible(
+    checkout_in_tmp: Path,
+) -> None:
     """A read_only_paths entry under the host's /tmp (a virtualenv in a checkout there) shows
     inside the sandbox, read-only, over its private /tmp."""
     require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
-    shared = tmp_path / "venv"
+    shared = checkout_in_tmp / "venv"
     shared.mkdir()
     (shared / "marker").write_text("seen\n")
     assert str(shared).startswith("/tmp/")

@@ -19,7 +19,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import Sandbo
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.process import (
     ProcessSandboxProvider,
 )
-from waiting import eventually_blocking
+from waiting import eventually, eventually_blocking
 
 # prctl(2): PR_GET_PDEATHSIG writes the caller's parent-death signal (0: none) into an int.
 READ_PARENT_DEATH_SIGNAL = (
@@ -28,18 +28,26 @@ READ_PARENT_DEATH_SIGNAL = (
 )
 
 
+# The system's Python, inside the sandbox's system directories. This interpreter may live
+# where a root server's sandbox_uid cannot reach (pyenv's, under /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 @pytest.fixture
 async def provider() -> AsyncIterator[ProcessSandboxProvider]:
-    """An isolated provider that lets this interpreter's own installation be read inside."""
+    """An isolated provider whose commands can run a Python: the system's, else this one's
+    (its installation then bound read-only)."""
     require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
-    made = ProcessSandboxProvider(cgroups=False, read_only_paths=[sys.base_prefix])
+    extra = [] if _interpreter() == SYSTEM_PYTHON else [sys.base_prefix]
+    made = ProcessSandboxProvider(cgroups=False, read_only_paths=extra)
     yield made
     await made.aclose()
 
 
 def _interpreter() -> str:
-    """This interpreter's own binary (a virtualenv's python is a link into sys.base_prefix)."""
-    return os.path.realpath(sys.executable)
+    """The system's Python where there is one, else this interpreter's own binary (a
+    virtualenv's python is a link into sys.base_prefix)."""
+    return SYSTEM_PYTHON if Path(SYSTEM_PYTHON).is_file() else os.path.realpath(sys.executable)
 
 
 async def test_process_isolation_command_has_no_parent_death_signal(
@@ -49,7 +57,6 @@ async def test_process_isolation_command_has_no_parent_death_signal(
     through an intermediate process that exits when the scheduler lets it, and a SIGKILL tied
     to that exit killed commands that had already run (137 with their output, under load)."""
     python = _interpreter()
-    assert python.startswith(sys.base_prefix), (python, sys.base_prefix)
     sandbox = await provider.create(SandboxSpec())
     # exec: Python is then bwrap's own child, with what bwrap set (a fork would clear it).
     result = await provider.exec(sandbox, f"exec {python} -c '{READ_PARENT_DEATH_SIGNAL}'")
@@ -165,3 +172,60 @@ def test_process_isolation_sandbox_ends_with_its_server(tmp_path: Path) -> None:
             server.wait()
         if server.stdout is not None:
             server.stdout.close()
+
+
+def _sleepers(sessions: set[int]) -> list[int]:
+    """pidfds of the ``sleep 60`` processes in ``sessions`` (the host's view)."""
+    found = []
+    with os.scandir("/proc") as entries:
+        pids = [int(e.name) for e in entries if e.name.isdigit()]
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        session = int(stat.rsplit(")", 1)[1].split()[3])
+        if session in sessions and command == b"sleep\x0060\x00":
+            pidfd = _pidfd(pid)
+            if pidfd is not None:
+                found.append(pidfd)
+    return found
+
+
+def _ended(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has ended (a pidfd reads as ready then)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+async def test_process_isolation_exec_returns_when_its_command_exits(isolation: str) -> None:
+    """``sleep 60 & echo started`` returns "started" and 0 when the shell exits, not at the
+    timeout: the background sleep, which holds the output pipes, still runs after the exec
+    returned, and is gone once the sandbox has closed."""
+    if isolation == "bwrap":
+        require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
+    provider = ProcessSandboxProvider(isolation=isolation, cgroups=False)
+    pidfds: list[int] = []
+    try:
+        sandbox = await provider.create(SandboxSpec())
+        result = await provider.exec(sandbox, "sleep 60 & echo started", timeout_s=30)
+        # The background shell may not have exec'd sleep yet when the foreground one exits.
+        pidfds = await eventually(
+            lambda: _sleepers(sandbox.raw.sessions), "the background sleep", interval=0.01
+        )
+        alive_after_exec = [not _ended(fd) for fd in pidfds]
+        await provider.close(sandbox)
+        ended_after_close = [_ended(fd) for fd in pidfds]
+    finally:
+        await provider.aclose()
+        for fd in pidfds:
+            os.close(fd)
+    assert (result.stdout, result.stderr, result.return_code, result.error_type) == (
+        "started\n",
+        "",
+        0,
+        None,
+    )
+    assert alive_after_exec == [True]
+    assert ended_after_close == [True]

@@ -51,6 +51,30 @@ def cgroup_mounts() -> dict[str, Path]:
     return mounts
 
 
+def own_cgroup_paths() -> dict[str, str]:
+    """Controller -> this process's cgroup path ("" is the v2 one), from /proc/self/cgroup."""
+    paths: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            paths[controller] = path
+    return paths
+
+
+def sandbox_cgroup_dirs(version: int, sandbox: SandboxHandle) -> dict[str, Path]:
+    """Where the sandbox's cgroup must be, read independently of the code under test:
+    ``nemo_gym/<sandbox id>`` beneath this process's own cgroup in each hierarchy (v2: beneath
+    the cgroup whose ``nemo_gym_server`` child the provider moved this process into)."""
+    mounts, own = cgroup_mounts(), own_cgroup_paths()
+    controllers = ("cpu", "cpuacct", "memory", "pids") if version == 1 else ("",)
+    dirs = {}
+    for controller in controllers:
+        if controller in mounts:
+            base = own[controller].removesuffix("/nemo_gym_server").strip("/")
+            dirs[controller] = mounts[controller] / base / "nemo_gym" / sandbox.sandbox_id
+    return dirs
+
+
 def require_cgroups(provider: ProcessSandboxProvider) -> int:
     version = provider.cgroup_version
     require_service(version is not None, "no writable cgroup hierarchy (run as root)")
@@ -249,6 +273,17 @@ async def test_process_provider_refuses_paths_outside_the_sandbox(
         await provider.exec(sandbox, "true", cwd="/")
 
 
+async def test_process_provider_exec_cwd_must_be_a_directory(
+    provider: ProcessSandboxProvider,
+) -> None:
+    """A cwd that is missing, or a file, raises ValueError naming it and the reason."""
+    sandbox = await provider.create(SandboxSpec(files={"file.txt": "x"}))
+    with pytest.raises(ValueError, match=r"cwd='missing' is not a directory .*No such file"):
+        await provider.exec(sandbox, "true", cwd="missing")
+    with pytest.raises(ValueError, match=r"cwd='file\.txt' is not a directory .*Not a directory"):
+        await provider.exec(sandbox, "true", cwd="file.txt")
+
+
 @pytest.mark.parametrize(
     ("spec", "error", "match"),
     [
@@ -354,19 +389,21 @@ async def test_process_provider_allocation_equals_enforced_limits(
     assert allocation.source == f"cgroup.v{version}"
     assert allocation.designator is not None
     assert allocation.designator.kind == "cgroup"
-    path = allocation.designator.id.lstrip("/")
-    mounts = cgroup_mounts()
+    dirs = sandbox_cgroup_dirs(version, sandbox)
+    memory_dir = dirs["memory" if version == 1 else ""]
+    mount = cgroup_mounts()["memory" if version == 1 else ""]
+    assert allocation.designator.id == "/" + str(memory_dir.relative_to(mount))
     if version == 1:
-        quota = int((mounts["cpu"] / path / "cpu.cfs_quota_us").read_text())
-        period = int((mounts["cpu"] / path / "cpu.cfs_period_us").read_text())
-        memory = int((mounts["memory"] / path / "memory.limit_in_bytes").read_text())
-        memsw = mounts["memory"] / path / "memory.memsw.limit_in_bytes"
+        quota = int((dirs["cpu"] / "cpu.cfs_quota_us").read_text())
+        period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
+        memory = int((memory_dir / "memory.limit_in_bytes").read_text())
+        memsw = memory_dir / "memory.memsw.limit_in_bytes"
         if memsw.exists():
             assert int(memsw.read_text()) == memory
     else:
-        quota_text, period_text = (mounts[""] / path / "cpu.max").read_text().split()
+        quota_text, period_text = (memory_dir / "cpu.max").read_text().split()
         quota, period = int(quota_text), int(period_text)
-        memory = int((mounts[""] / path / "memory.max").read_text())
+        memory = int((memory_dir / "memory.max").read_text())
     (component,) = allocation.components
     assert component.limits.cpu == quota / period == 0.5
     assert component.limits.memory_mib == memory // (1 << 20) == 64
@@ -376,7 +413,8 @@ async def test_process_provider_allocation_equals_enforced_limits(
 async def test_process_provider_commands_run_inside_the_cgroup(
     provider: ProcessSandboxProvider,
 ) -> None:
-    """A command (and its children) are members of the sandbox's cgroup from the start."""
+    """A command (and its children) are members of the sandbox's cgroup from the start, in
+    every hierarchy beneath this process's own cgroup there."""
     version = require_cgroups(provider)
     sandbox = await provider.create(SandboxSpec(resources={"memory_mib": 128}))
     allocation = await provider.resource_allocation(sandbox)
@@ -384,11 +422,11 @@ async def test_process_provider_commands_run_inside_the_cgroup(
     result = await provider.exec(sandbox, "sh -c 'cat /proc/self/cgroup'")
     # hierarchy-id:controllers:path; v1 lists each hierarchy, v2 has the one "0::" line.
     lines = [ln.split(":", 2) for ln in (result.stdout or "").splitlines()]
-    wanted = ("cpu", "cpuacct", "memory", "pids") if version == 1 else ("",)
     joined = {c: path for _, controllers, path in lines for c in controllers.split(",")}
-    for controller in wanted:
-        if controller in joined:
-            assert joined[controller] == allocation.designator.id, controller
+    mounts = cgroup_mounts()
+    dirs = sandbox_cgroup_dirs(version, sandbox)
+    for controller, directory in dirs.items():
+        assert joined[controller] == "/" + str(directory.relative_to(mounts[controller]))
     assert joined["memory" if version == 1 else ""] == allocation.designator.id
 
 
@@ -396,10 +434,10 @@ async def test_process_provider_close_kills_escaped_processes(
     provider: ProcessSandboxProvider,
 ) -> None:
     """close() kills processes that left the command's session, and removes the cgroup."""
-    require_cgroups(provider)
+    version = require_cgroups(provider)
     sandbox = await provider.create(SandboxSpec())
-    allocation = await provider.resource_allocation(sandbox)
-    assert allocation.designator is not None
+    dirs = sandbox_cgroup_dirs(version, sandbox)
+    assert all(d.is_dir() for d in dirs.values())
     escape = "setsid sh -c 'echo $$ > escaped.pid; exec sleep 30' >/dev/null 2>&1 &"
     result = await provider.exec(
         sandbox,
@@ -411,8 +449,7 @@ async def test_process_provider_close_kills_escaped_processes(
     assert host_pid(namespace, escaped) is not None
     await provider.close(sandbox)
     await dead(namespace, escaped)
-    for mount in set(cgroup_mounts().values()):
-        assert not (mount / allocation.designator.id.lstrip("/")).exists()
+    assert not any(d.exists() for d in dirs.values())
 
 
 # Two CPU-bound processes left running in the sandbox's background, their PIDs in burners.pid.

@@ -309,7 +309,7 @@ async def test_resource_sampler_cancelled_stop_storm_leaks_no_owner(
     # This test's sandboxes only: the registry is the process's, and an earlier test may
     # leave a sandbox of its own open in it.
     registry = current_state().registry
-    assert [h.sandbox_id for h in handles if ("counting", h.sandbox_id) in registry] == []
+    assert [h.sandbox_id for h in handles if ("counting", None, h.sandbox_id) in registry] == []
 
 
 # --- no exception text in spans or warnings --------------------------------------------------

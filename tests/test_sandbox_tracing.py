@@ -53,6 +53,7 @@ from span_support import (
     process_allocation,
     record,
     sample_outcome,
+    sandbox_cgroup_path,
     settled,
 )
 
@@ -256,7 +257,7 @@ async def test_traced_provider_records_allocation_samples_and_final(
     for made in records:
         assert made.parent is not None
         assert made.parent.span_id == rollout.get_span_context().span_id
-    assert (process.name, sandbox.sandbox_id) not in default_state().registry
+    assert (process.name, None, sandbox.sandbox_id) not in default_state().registry
     await settled()
     assert len(named(exporter, "sandbox.resources")) == len(records)
 
@@ -267,7 +268,7 @@ async def test_traced_provider_no_records_when_nothing_exported(
     """With the API's proxy provider no sampler runs and no resource record is attempted."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    entry = default_state().registry.get((process.name, sandbox.sandbox_id))
+    entry = default_state().registry.get((process.name, None, sandbox.sandbox_id))
     assert entry is not None
     assert entry.sampler is None
     await provider.close(sandbox)
@@ -426,7 +427,7 @@ async def test_traced_provider_aclose_stops_unclosed_samplers(
     """aclose() records the final sample of sandboxes that were never closed."""
     provider = traced_provider(process)
     sandbox = await provider.create(SandboxSpec())
-    key = (process.name, sandbox.sandbox_id)
+    key = (process.name, None, sandbox.sandbox_id)
     entry = default_state().registry.get(key)
     assert entry is not None
     assert entry.sampler is not None
@@ -491,7 +492,7 @@ async def test_traced_cgroup_sandbox_records_throttling_and_oom(
                 limits + "memory_mib": 48,
                 limits + "unspecified": ("disk_gib", "gpu"),
             },
-            cgroup=f"/nemo_gym/{sandbox.sandbox_id}",
+            cgroup=sandbox_cgroup_path(sandbox.sandbox_id),
         ),
     }
     usage = PREFIX + "usage."

@@ -226,3 +226,97 @@ def test_resource_designator_refuses_credentials_without_repeating_them(
 def test_resource_designator_accepts_plain_identities(value: str) -> None:
     """Opaque identities, daemon IDs and innocuous parameters are accepted."""
     assert ResourceDesignator("container", value, scope=value).id == value
+
+
+# --- impossible figures: more than the answer's own total --------------------------------------
+
+
+@pytest.fixture
+def fresh_once_log() -> None:
+    """Forget which problems were logged, so this test sees its own first warnings."""
+    from opentelemetry.instrumentation.nemo_gym.sandbox import _log
+
+    _log._FAILURES.reset()
+
+
+def _dropped(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage().split(":")[0]
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "more than the answer's own" in r.getMessage()
+    ]
+
+
+def test_opensandbox_metrics_beyond_the_answers_own_totals_are_dropped(
+    fresh_once_log: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A metrics answer's CPU percentage above 100 x its cpu_count (100 without a count of at
+    least 1) and memory above its memory_total_in_mib are dropped and logged once per figure;
+    figures at the bound, and figures without a usable total, are kept."""
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import (
+        _sample_from_metrics,
+    )
+
+    def answer(**figures: object) -> dict[str, Attribute]:
+        base = {"cpu_count": 2.0, "memory_total_in_mib": 1024.0, "timestamp": 7}
+        return _sample_from_metrics(SimpleNamespace(**{**base, **figures}))
+
+    cpu, memory = "usage.opensandbox.cpu_used_percent", "usage.opensandbox.memory_used_mib"
+    kept = {"usage.source": "opensandbox.metrics", "usage.opensandbox.timestamp_ms": 7}
+    with caplog.at_level(logging.WARNING):
+        assert answer(cpu_used_percentage=1e9, memory_used_in_mib=1e13) == kept
+        assert answer(cpu_used_percentage=200.5, memory_used_in_mib=1024.5) == kept
+        assert answer(cpu_used_percentage=200.0, memory_used_in_mib=1024.0) == {
+            **kept,
+            cpu: 200.0,
+            memory: 1024.0,
+        }
+        # No CPU count of at least 1: the percentage's own range, 0 to 100.
+        assert answer(cpu_count=0.0, cpu_used_percentage=100.5) == kept
+        assert answer(cpu_count=None, cpu_used_percentage=100.0) == {**kept, cpu: 100.0}
+        # No usable memory total: nothing to bound the memory figure by.
+        for total in (None, math.nan, 0.0, -1.0, math.inf):
+            assert answer(memory_total_in_mib=total, memory_used_in_mib=5e6) == {
+                **kept,
+                memory: 5e6,
+            }
+    assert _dropped(caplog) == [
+        "dropping sample value usage.opensandbox.cpu_used_percent",
+        "dropping sample value usage.opensandbox.memory_used_mib",
+    ]
+
+
+def test_engine_stats_memory_beyond_the_answers_limit_is_dropped(
+    fresh_once_log: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Engine stats (the Engine API's answer and the CLI's ``MemUsage``) whose memory is above
+    the same answer's limit give no memory figure (logged once); at the limit they do."""
+    from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
+        sample_from_stats,
+    )
+    from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB
+    from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
+        sample_from_cli_stats,
+    )
+
+    def stats(usage: int, peak: int) -> dict[str, Any]:
+        return {
+            "memory_stats": {"usage": usage, "max_usage": peak, "limit": 64 * MIB},
+            "pids_stats": {"current": 2},
+        }
+
+    with caplog.at_level(logging.WARNING):
+        assert sample_from_stats(stats(10**13, 10**13)) == {"usage.pids": 2}
+        assert sample_from_stats(stats(64 * MIB, 64 * MIB)) == {
+            "usage.memory_mib": 64.0,
+            "usage.memory_peak_mib": 64.0,
+            "usage.pids": 2,
+        }
+        assert sample_from_cli_stats({"MemUsage": "9.1TiB / 64MiB", "PIDs": "2"}) == {
+            "usage.pids": 2
+        }
+        assert sample_from_cli_stats({"MemUsage": "64MiB / 64MiB"}) == {"usage.memory_mib": 64.0}
+    assert _dropped(caplog) == [
+        "dropping sample value usage.memory_mib",
+        "dropping sample value usage.memory_peak_mib",
+    ]

@@ -69,6 +69,7 @@ def test_validate_all_warns_once_per_bad_variable(
         env.OTEL_PYTHON_NEMO_GYM_INTENDED_CONCURRENCY_PER_HOST: "x",
         env.OTEL_PYTHON_NEMO_GYM_MAX_SERVER_NAMES: "inf",
         env.OTEL_PYTHON_NEMO_GYM_MAX_DESTINATIONS: "none",
+        env.OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT: "gym.slice",
     }
     for name, value in bad.items():
         monkeypatch.setenv(name, value)
@@ -87,6 +88,7 @@ def test_validate_all_good_values_are_silent(
     """Valid and unset variables give no warning."""
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCE_INTERVAL, "0")
     monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_WORKERS, "4")
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT, "/gym.slice")
     _settings.validate_all()
     assert _warnings(caplog) == []
 
@@ -174,4 +176,33 @@ def test_warning_long_value_cut_with_its_length(
     assert _warnings(caplog) == [
         f"OTEL_PYTHON_NEMO_GYM_WORKERS={'9' * 64!r}... (5000 characters) is not an integer "
         ">= 1; using the default 1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "read"),
+    [("/", "/"), ("/gym.slice/sandboxes", "/gym.slice/sandboxes"), (" //a//b/ ", "/a/b")],
+)
+def test_sandbox_cgroup_parent_reads_an_absolute_path_normalised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str, read: str
+) -> None:
+    """An absolute cgroup path is read with its doubled and trailing slashes dropped."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT, raw)
+    assert _settings.sandbox_cgroup_parent() == read
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.parametrize("raw", ["gym.slice", "/a/../b", "/a/./b"])
+def test_sandbox_cgroup_parent_bad_value_warns_and_means_the_own_cgroup(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    """A relative path or one with . or .. is one warning naming the variable, the value and
+    what is done instead (the server's own cgroup), and reads as unset."""
+    monkeypatch.setenv(env.OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT, raw)
+    assert _settings.sandbox_cgroup_parent() is None
+    assert _settings.sandbox_cgroup_parent() is None
+    assert _warnings(caplog) == [
+        f"OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT={raw!r} is not an absolute cgroup path "
+        "without . or .. (such as /gym.slice/sandboxes); treating it as unset: sandbox cgroups "
+        "go under the server's own cgroup"
     ]

@@ -71,11 +71,11 @@ def resources_app(base_dir: Path) -> FastAPI:
 
 
 @pytest.fixture
-async def served(traced: TracerProvider, tmp_path: Path) -> AsyncIterator[str]:
+async def served(traced: TracerProvider, sandbox_base_dir: Path) -> AsyncIterator[str]:
     """The resources app, FastAPI-instrumented, served by uvicorn on 127.0.0.1; its serving
     task made while a span of the test is current, as a context uvicorn leaks into a request's
     task would be (see ``_trace_context``)."""
-    app = resources_app(tmp_path)
+    app = resources_app(sandbox_base_dir)
     FastAPIInstrumentor.instrument_app(app, tracer_provider=traced)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", lifespan="on")
     server = uvicorn.Server(config)

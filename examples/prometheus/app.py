@@ -55,6 +55,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -111,7 +112,11 @@ SANDBOX_FIGURES = (
     "gym.sandbox.memory.peak",
 )
 HOLD = {"limit": 3, "limit_per_host": 2, "idle": 2, "active": 2, "waiting": 3}
-MEMORY_HUNGRY = f"{sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
+# The hungry command runs the system's Python, which an isolated sandbox sees; without one,
+# this interpreter, which it sees read-only where it is told to (INTERPRETER).
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+INTERPRETER = [] if SYSTEM_PYTHON else sorted({sys.prefix, sys.base_prefix})
+MEMORY_HUNGRY = f"{SYSTEM_PYTHON or sys.executable} -c \"b = b'x' * (200 * 1024 * 1024)\""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -251,10 +256,8 @@ async def pool_round(backends: Backends) -> dict[str, Any]:
 async def sandbox_round() -> dict[str, Any]:
     """One OOM-killed command in a 64 MiB cgroup, and one sandbox whose request nothing
     enforces. Both providers are traced by the instrumentor."""
-    # The hungry command runs this interpreter: the isolated sandbox sees it, read-only.
-    interpreter = sorted({sys.prefix, sys.base_prefix})
-    enforced = ProcessSandboxProvider(read_only_paths=interpreter)
-    unenforced = ProcessSandboxProvider(cgroups=False, read_only_paths=interpreter)
+    enforced = ProcessSandboxProvider(read_only_paths=INTERPRETER)
+    unenforced = ProcessSandboxProvider(cgroups=False, read_only_paths=INTERPRETER)
     done: dict[str, Any] = {"cgroups": enforced.cgroup_version}
     try:
         sandbox = await enforced.create(SandboxSpec(resources={"cpu": 1.0, "memory_mib": 64}))

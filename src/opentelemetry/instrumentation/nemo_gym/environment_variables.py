@@ -40,6 +40,22 @@ them, while 0.1 still sees the peak of a sandbox that lives for a second.
 Flag: ``--nemo_gym_sandbox_resource_interval``.
 """
 
+OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT = "OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT
+
+The cgroup under which the ``otel_process`` provider (``ProcessSandboxProvider``) makes its
+sandboxes' cgroups, as ``/proc/self/cgroup`` spells cgroup paths: absolute, such as
+``/gym.slice/sandboxes``, in every hierarchy (cgroup v1) or the one (v2). It must exist and be
+writable; on cgroup v2 it must hold no process other than this server (which is then moved into
+its child ``nemo_gym_server``). Unset by default: sandbox cgroups go under the server's own
+cgroup, so that whatever bounds the server (Kubernetes, Slurm, systemd) bounds its sandboxes
+too. ``/`` makes them at the root of the hierarchy, outside the server's limits. A value that is
+not an absolute path is one warning and treated as unset; a cgroup that is missing, not
+writable or shared (v2) is one warning naming the value, and the server's own cgroup is used.
+Flag: ``--nemo_gym_sandbox_cgroup_parent``.
+"""
+
 OTEL_PYTHON_NEMO_GYM_WORKERS = "OTEL_PYTHON_NEMO_GYM_WORKERS"
 """
 .. envvar:: OTEL_PYTHON_NEMO_GYM_WORKERS

@@ -114,6 +114,7 @@ def validate_all() -> None:
         connection_pool_enabled,
         sandbox_resources_enabled,
         sandbox_resource_interval,
+        sandbox_cgroup_parent,
         workers,
         intended_concurrency,
         intended_concurrency_per_host,
@@ -156,6 +157,28 @@ def sandbox_resource_interval() -> float:
         )
         return MIN_INTERVAL_S
     return value
+
+
+def sandbox_cgroup_parent() -> str | None:
+    """The cgroup path under which ``otel_process`` makes sandbox cgroups, normalised
+    (``/a//b/`` is ``/a/b``); ``None`` when unset or not an absolute path (one warning), which
+    means the server's own cgroup. Whether the cgroup exists is the provider's to check."""
+    name = env.OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    path = raw.strip()
+    parts = [part for part in path.split("/") if part]
+    if not path.startswith("/") or "\n" in path or any(p in (".", "..") for p in parts):
+        _warn_once(
+            name,
+            raw,
+            "an absolute cgroup path without . or .. (such as /gym.slice/sandboxes)",
+            None,
+            unset="sandbox cgroups go under the server's own cgroup",
+        )
+        return None
+    return "/" + "/".join(parts)
 
 
 def workers() -> int:

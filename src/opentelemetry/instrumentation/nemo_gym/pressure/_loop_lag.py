@@ -33,7 +33,7 @@ class LoopLagProbe:
     The probe stops by itself when the loop closes (no handle is left behind).
     """
 
-    __slots__ = ("_due", "_handle", "_interval_s", "_loop", "_record")
+    __slots__ = ("__weakref__", "_due", "_handle", "_interval_s", "_loop", "_record")
 
     def __init__(
         self,

@@ -336,7 +336,12 @@ _INTERVAL_S = 0.1
 _VERSION = ""
 _PROCESS: _ProcessPressure | None = None
 _SYSTEM_METRICS: Any = None  # the SystemMetricsInstrumentor we instrumented
-_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagProbe] = (
+# Each loop's probe, weakly on both sides: a probe refers to its loop (it schedules on it), so a
+# strong value would keep its own key, and with it every loop that ever built a connector, alive
+# for the life of the process. A running probe is kept alive by its timer handle in the loop's
+# schedule, which ``loop.close()`` clears (or by the loop itself while it is garbage, unclosed):
+# the probe then goes with its loop, and the entry with both.
+_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopLagProbe]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -397,9 +402,11 @@ def start(provider: metrics.MeterProvider, loop: asyncio.AbstractEventLoop) -> b
             return False
         pressure = _process_pressure(provider)
         with _LOCK:
-            probe = _PROBES.get(loop)
+            known = _PROBES.get(loop)
+            probe = known() if known is not None else None
             if probe is None:
-                probe = _PROBES[loop] = LoopLagProbe(loop, _INTERVAL_S, pressure.record_lag)
+                probe = LoopLagProbe(loop, _INTERVAL_S, pressure.record_lag)
+                _PROBES[loop] = weakref.ref(probe)
         probe.start()
     except Exception as exc:  # noqa: BLE001 - telemetry never stops a server from starting
         _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: pressure: %r", exc)
@@ -424,7 +431,10 @@ def stop() -> None:
     a later ``start`` on another provider makes new ones."""
     global _PROCESS, _SYSTEM_METRICS
     with _LOCK:
-        for loop, probe in list(_PROBES.items()):
+        for loop, known in list(_PROBES.items()):
+            probe = known()
+            if probe is None:
+                continue
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:

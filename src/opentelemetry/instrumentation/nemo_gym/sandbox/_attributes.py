@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     PREFIX,
@@ -35,6 +35,7 @@ __all__ = [
     "record_request",
     "requested_attributes",
     "sample_attributes",
+    "within_total",
 ]
 
 _QUANTITIES = ("cpu", "memory_mib", "disk_gib", "gpu")
@@ -167,6 +168,30 @@ def _clean_number(value: int | float) -> bool:
     if isinstance(value, float) and not math.isfinite(value):
         return False
     return 0 <= value <= _MAX_INT
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def within_total(name: str, value: _Number, total: object, total_name: str) -> _Number | None:
+    """``value``, unless it is more than ``total``, the answer's own bound on it (a memory
+    figure above the memory total the same answer gives, a CPU percentage above 100 times its
+    CPU count): such a figure cannot be a reading, so it is dropped (``None``) and logged
+    once per ``name``, as a NaN or negative figure is. A ``total`` that is not a finite
+    positive number bounds nothing."""
+    if isinstance(total, bool) or not isinstance(total, int | float):
+        return value
+    if not (0 < total < math.inf) or not value > total:
+        return value
+    log_once(
+        ("sample-impossible", name),
+        "dropping sample value %s: %r is more than the answer's own %s (%r)",
+        name,
+        value,
+        total_name,
+        total,
+    )
+    return None
 
 
 def sample_attributes(sample: Mapping[str, object]) -> dict[str, Attribute]:

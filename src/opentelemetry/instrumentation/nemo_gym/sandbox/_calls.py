@@ -44,7 +44,9 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import (
     stamp_nemo_gym_span,
     stamped,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import server_scope_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._state import (
+    SandboxKey,
     SandboxState,
     current_state,
     default_state,
@@ -115,22 +117,28 @@ def _passes_through(state: SandboxState, provider: object) -> bool:
 def sandbox_identity(handle: SandboxHandle) -> dict[str, Attribute]:
     """The identity attributes of ``handle``'s sandbox.
 
-    ``request.id``, ``provider`` and ``id`` for a sandbox created through a traced provider in
-    this process (under the current state, or the default one); ``provider`` and ``id``
-    alone for any other handle (a borrowed one, say).
+    ``request.id``, ``provider`` and ``id`` for a sandbox created (or connected to) through a
+    traced provider in this process (under the current state, or the default one), found by
+    the handle object the provider gave, else by its provider name and id where one known
+    sandbox has them; ``provider`` and ``id`` alone for any other handle (a borrowed one, or
+    a copy of a handle whose id two servers' sandboxes share).
     """
-    return _identity_under(handle, None)
+    return _identity_under(handle, None, None)
 
 
-def _identity_under(handle: SandboxHandle, state: SandboxState | None) -> dict[str, Attribute]:
+def _identity_under(
+    handle: SandboxHandle, state: SandboxState | None, key: SandboxKey | None
+) -> dict[str, Attribute]:
     """``sandbox_identity``, asking ``state`` first when given (a wrapper's explicit state
-    need not be the current one)."""
-    key = sandbox_key(handle)
+    need not be the current one), for the sandbox ``key`` when the caller knows it (a traced
+    call knows its provider's server scope), else for the one ``handle`` stands for."""
     for candidate in _states_to_ask(state):
-        entry = candidate.registry.get(key)
+        found = key if key is not None else candidate.registry.key_of(handle)
+        entry = candidate.registry.get(found) if found is not None else None
         if entry is not None and entry.identity is not None:
             return dict(entry.identity)
-    return {PROVIDER: key[0], SANDBOX_ID: key[1]}
+    name, _, sandbox_id = sandbox_key(handle)
+    return {PROVIDER: name, SANDBOX_ID: sandbox_id}
 
 
 def _states_to_ask(first: SandboxState | None) -> Iterator[SandboxState]:
@@ -159,11 +167,18 @@ def sandbox_scope(handle: SandboxHandle) -> Iterator[None]:
         yield
 
 
-def _identity_or_empty(state: SandboxState, handle: Any) -> dict[str, Attribute]:
-    """``handle``'s identity as ``state`` knows it, else as ``sandbox_identity`` finds it;
-    empty for a handle we cannot read."""
+def key_of(provider: object, handle: Any) -> SandboxKey:
+    """The key of ``handle``'s sandbox, made by ``provider``: its provider name and id, scoped
+    by the provider's server (``_server_scope.server_scope_of``)."""
+    return sandbox_key(handle, server_scope_of(provider))
+
+
+def _identity_or_empty(state: SandboxState, provider: object, handle: Any) -> dict[str, Attribute]:
+    """The identity of ``handle``'s sandbox (of ``provider``'s server) as ``state`` knows it,
+    else as the current or default state does; ``provider`` and ``id`` alone for one none
+    knows, empty for a handle we cannot read."""
     try:
-        return _identity_under(handle, state)
+        return _identity_under(handle, state, key_of(provider, handle))
     except Exception as exc:  # noqa: BLE001 - an odd handle still gets its span
         log_failure("reading a sandbox handle", exc)
         return {}
@@ -228,7 +243,7 @@ async def traced_create(
         raise  # the provider's own exception object, unchanged
     _count_creation(state, name, None)
     elapsed = time.perf_counter() - started
-    _measure(state, lambda m: m.created(name, sandbox_key(handle), elapsed, retry_of=retry))
+    _measure(state, lambda m: m.created(name, key_of(provider, handle), elapsed, retry_of=retry))
     # Outside the create span: the records belong to the caller's context, and the guard
     # _traced_handle_source set is reset so the tasks started here do not inherit it.
     _start_resource_records(state, provider, handle, attributes, _requested_resources(spec))
@@ -244,13 +259,29 @@ async def traced_connect(
     The sandbox gets a request id of its own in this process and is remembered with it, so
     ``sandbox_identity``, the exec spans and ``close`` know it, and its resource records start
     as after a create. Not counted on ``gym.sandbox.creations``: nothing was created.
+
+    A sandbox this state already knows (created or connected to earlier in this process,
+    through this server, and not closed) stays one sandbox: the connect span carries its
+    identity, the new handle is bound to it, and no second sampler or allocation read
+    starts. Closing either handle closes the sandbox and ends its records.
     """
     if _passes_through(state, provider):
         return await call()
     name = provider_name(provider)
     attributes: dict[str, Attribute] = {PROVIDER: name, REQUEST_ID: uuid.uuid4().hex}
-    handle = await _traced_handle_source(state, provider, CONNECT_SPAN, attributes, call)
-    _measure(state, lambda m: m.connected(name, sandbox_key(handle)))
+    handle = await _traced_handle_source(
+        state, provider, CONNECT_SPAN, attributes, call, known=True
+    )
+    try:
+        key = key_of(provider, handle)
+        entry = state.registry.get(key)
+        if entry is not None and entry.identity is not None:
+            state.registry.bind(handle, key)
+            return handle
+    except Exception as exc:  # noqa: BLE001 - the handle is the caller's whatever we know
+        log_failure("looking up a connected sandbox", exc)
+        return handle
+    _measure(state, lambda m: m.connected(name, key))
     _start_resource_records(state, provider, handle, attributes, None)
     return handle
 
@@ -261,10 +292,12 @@ async def _traced_handle_source(
     span_name: str,
     attributes: Mapping[str, Attribute],
     call: Callable[[], Awaitable[_T]],
+    known: bool = False,
 ) -> _T:
     """Run ``call`` (a provider call that gives a handle: create, connect) inside a span
     named ``span_name`` with ``attributes`` and the handle's id, with nested calls into
-    ``provider`` passing straight through. The guard is reset on return, so the records the
+    ``provider`` passing straight through. With ``known``, a sandbox ``state`` already knows
+    gives the span its identity instead. The guard is reset on return, so the records the
     caller starts next do not inherit it."""
     token = _TRACING.set(id(provider))
     try:
@@ -272,9 +305,21 @@ async def _traced_handle_source(
             handle = await call()
             span.set_attribute(SANDBOX_ID, str(getattr(handle, "sandbox_id", "")))
             span.set_attributes(lifetime_attributes(provider, handle))
+            if known:
+                span.set_attributes(_known_identity(state, provider, handle))
             return handle
     finally:
         _TRACING.reset(token)
+
+
+def _known_identity(state: SandboxState, provider: object, handle: Any) -> dict[str, Attribute]:
+    """The identity ``state`` holds for ``handle``'s sandbox, or ``{}``; never raises."""
+    try:
+        entry = state.registry.get(key_of(provider, handle))
+        return dict(entry.identity) if entry is not None and entry.identity is not None else {}
+    except Exception as exc:  # noqa: BLE001 - a span without it is still the caller's call
+        log_failure("reading a known sandbox's identity", exc)
+        return {}
 
 
 def lifetime_attributes(provider: object, handle: Any) -> dict[str, Attribute]:
@@ -383,7 +428,9 @@ def _start_resource_records(
             SANDBOX_ID: str(handle.sandbox_id),
             **lifetime_attributes(provider, handle),
         }
-        entry = state.registry.remember(sandbox_key(handle), identity, id(provider), requested)
+        key = key_of(provider, handle)
+        entry = state.registry.remember(key, identity, id(provider), requested)
+        state.registry.bind(handle, key)
         # Nobody would see the records: skip the provider calls that produce them.
         if not state.exporting():
             return
@@ -414,7 +461,7 @@ async def traced_call(
     token = _TRACING.set(id(provider))
     started = time.perf_counter()
     try:
-        with _span(state, span_name, _identity_or_empty(state, handle)) as span:
+        with _span(state, span_name, _identity_or_empty(state, provider, handle)) as span:
             try:
                 result = await call()
             except Exception as exc:
@@ -445,7 +492,7 @@ def describe_exec(result: SandboxExecResult) -> dict[str, Attribute]:
 RESULT_DESCRIPTIONS: dict[str, Callable[[Any], dict[str, Attribute]]] = {"exec": describe_exec}
 
 
-def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asyncio.Task[Any]]:
+def _stop_samplers(state: SandboxState, keys: list[SandboxKey]) -> list[asyncio.Task[Any]]:
     """Forget these sandboxes and stop their samplers in the background.
 
     Returns the records still running for them (final samples, an allocation read not yet
@@ -461,7 +508,7 @@ def _stop_samplers(state: SandboxState, keys: list[tuple[str, str]]) -> list[asy
         if allocation is not None and not allocation.done():
             pending.append(allocation)
         if sampler is not None:
-            pending.append(state.spawn(sampler.stop(), f"nemo-gym sandbox final {key[1]}"))
+            pending.append(state.spawn(sampler.stop(), f"nemo-gym sandbox final {key[2]}"))
     return pending
 
 
@@ -478,8 +525,8 @@ async def traced_close(
     if _TRACING.get() == id(provider):
         return await call()
     try:
-        identity = _identity_or_empty(state, handle)
-        key = sandbox_key(handle)
+        identity = _identity_or_empty(state, provider, handle)
+        key = key_of(provider, handle)
         _measure(state, lambda m: m.released(key))
         stopping = _stop_samplers(state, [key])
     except Exception as exc:  # noqa: BLE001 - the provider's close must run regardless

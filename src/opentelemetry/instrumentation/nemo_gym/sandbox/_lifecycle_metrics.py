@@ -129,7 +129,8 @@ _MIB: Final = 1024 * 1024
 # Failed creates remembered for retry counting; the oldest are dropped beyond this.
 _MAX_FAILED_CREATES: Final = 1024
 
-SandboxKey = tuple[str, str]
+# (provider name, server scope, sandbox id), as the sandbox state keys a sandbox (_state).
+SandboxKey = tuple[str, str | None, str]
 
 
 def nemo_gym_records_lifecycle() -> bool:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -39,16 +40,25 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._scope import SandboxSpanPro
 
 logger = logging.getLogger(__name__)
 
-SandboxKey = tuple[str, str]
+# (provider name, server scope, sandbox id): one sandbox. A sandbox id is unique only within
+# the server that gave it (two OpenSandbox servers may both hand out the same id), so the
+# server's scope (``_server_scope.server_scope_of``: ``host:port`` of an OpenSandbox server,
+# ``None`` for providers whose ids are unique on their own) is part of the key, as it is of
+# the allocation's designator.
+SandboxKey = tuple[str, str | None, str]
 
 
 class _Stoppable(Protocol):
     async def stop(self) -> None: ...
 
 
-def sandbox_key(handle: object) -> SandboxKey:
-    """(provider name, sandbox id) of any handle-shaped object."""
-    return (str(getattr(handle, "provider_name", "")), str(getattr(handle, "sandbox_id", "")))
+def sandbox_key(handle: object, scope: str | None = None) -> SandboxKey:
+    """(provider name, ``scope``, sandbox id) of any handle-shaped object."""
+    return (
+        str(getattr(handle, "provider_name", "")),
+        scope,
+        str(getattr(handle, "sandbox_id", "")),
+    )
 
 
 @dataclass
@@ -68,13 +78,24 @@ class SandboxEntry:
     requested: object = None
     sampler: _Stoppable | None = None
     allocation: asyncio.Task[Any] | None = None
+    # The ids of the handle objects bound to this sandbox (``SandboxRegistry.bind``).
+    handles: list[int] = field(default_factory=list)
 
 
 class SandboxRegistry:
-    """The sandboxes of one state, keyed by (provider name, sandbox id). Event-loop only."""
+    """The sandboxes of one state, keyed by (provider name, server scope, sandbox id).
+    Event-loop only.
+
+    It also knows which key each handle object it was shown (``bind``) stands for, so code
+    holding only a handle (``sandbox_identity(handle)``, ``sandbox_scope(handle)``) finds its
+    sandbox even when another server's sandbox has the same provider name and id.
+    """
 
     def __init__(self) -> None:
         self._entries: dict[SandboxKey, SandboxEntry] = {}
+        # id(handle) -> (a weak reference to it, its key). Handles are unhashable dataclasses,
+        # so they are known by id, and the weak reference tells a reused id from the handle.
+        self._handles: dict[int, tuple[weakref.ref[object], SandboxKey]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -99,11 +120,44 @@ class SandboxRegistry:
         entry.requested = requested
         return entry
 
-    def forget(self, key: SandboxKey) -> None:
-        """Drop a closed sandbox's identity; its entry goes once no sampler owns it."""
+    def bind(self, handle: object, key: SandboxKey) -> None:
+        """Remember that ``handle`` is known ``key``'s, until the sandbox is forgotten (a
+        handle that cannot be weakly referenced, or of an unknown key, is not remembered)."""
         entry = self._entries.get(key)
         if entry is None:
             return
+        try:
+            reference = weakref.ref(handle)
+        except TypeError:
+            return
+        self._handles[id(handle)] = (reference, key)
+        entry.handles.append(id(handle))
+
+    def key_of(self, handle: object) -> SandboxKey | None:
+        """The key ``handle`` was bound to while its sandbox is known; else the key of the one
+        known sandbox with its provider name and id (``None`` when there is none, or several:
+        servers whose ids collide, where a bare handle cannot tell which)."""
+        bound = self._handles.get(id(handle))
+        if bound is not None and bound[0]() is handle:
+            return bound[1]
+        name, _, sandbox_id = sandbox_key(handle)
+        return self.find(name, sandbox_id)
+
+    def find(self, provider_name: str, sandbox_id: str) -> SandboxKey | None:
+        """The key of the one known sandbox with this provider name and id, whatever its
+        server; ``None`` when none or several (servers whose ids collide) have them."""
+        found = [k for k in self._entries if k[0] == provider_name and k[2] == sandbox_id]
+        return found[0] if len(found) == 1 else None
+
+    def forget(self, key: SandboxKey) -> None:
+        """Drop a closed sandbox's identity and its handles; its entry goes once no sampler
+        owns it."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        for handle_id in entry.handles:
+            self._handles.pop(handle_id, None)
+        entry.handles = []
         entry.identity = None
         entry.provider_id = None
         entry.requested = None

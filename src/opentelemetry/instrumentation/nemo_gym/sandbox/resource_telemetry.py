@@ -18,7 +18,8 @@ beside ``resource_sample``: the sample read without waiting (a cgroup's kernel f
 
 Records are best effort: a provider that raises or hangs still yields a record, carrying
 ``resource.error`` (the exception's type, never its text), and its exception never reaches
-the caller. Usage numbers that cannot be usage (NaN, infinite, negative) are dropped.
+the caller. Usage numbers that cannot be usage (NaN, infinite, negative; in a reader, more
+than the answer's own total) are dropped.
 
 The records also feed the state's fleet metrics (``_fleet_metrics``): an allocation record is
 compared with the sandbox's request (mismatches go on the record, in one warning per provider
@@ -59,7 +60,8 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import container_identity
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import PROVIDER
-from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import server_scope_of
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import current_state, sandbox_key
 
 # SandboxResourceAmounts, SandboxResources and SandboxSpec were importable from here before the
 # attribute functions moved to _attributes; they stay importable for callers.
@@ -198,7 +200,8 @@ class ResourceSampler:
         )
         self._state = current_state()
         self._context = context.get_current()
-        self._key = (str(handle.provider_name), str(handle.sandbox_id))
+        # Scoped by the provider's server, as the traced calls key the sandbox.
+        self._key = sandbox_key(handle, server_scope_of(provider))
         self._started = False
         self._stopped = False
         self._owner = False
@@ -386,7 +389,7 @@ class ResourceSampler:
             log_once(("no-loop",), "ResourceSampler.start() outside an event loop: no samples")
             return
         self.task = loop.create_task(
-            self.run(), name=f"nemo-gym sandbox sampler {self._key[0]}/{self._key[1]}"
+            self.run(), name=f"nemo-gym sandbox sampler {self._key[0]}/{self._key[2]}"
         )
 
     async def stop(self) -> None:
@@ -403,7 +406,7 @@ class ResourceSampler:
             if not self._owner and self.task is None:
                 return
             self._stopping = asyncio.get_running_loop().create_task(
-                self._stop(), name=f"nemo-gym sandbox sampler stop {self._key[1]}"
+                self._stop(), name=f"nemo-gym sandbox sampler stop {self._key[2]}"
             )
         await asyncio.shield(self._stopping)
 

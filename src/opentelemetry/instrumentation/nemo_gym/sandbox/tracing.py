@@ -8,10 +8,13 @@ exactly the provider's members (``_traced_provider``), so NeMo Gym's runtime-che
 capability protocols see the same capabilities on it as on the provider, and the capability
 calls are spans too (``sandbox.endpoint``, ``sandbox.pty.create``, ``sandbox.pty.attach``,
 ``sandbox.serialize``, ``sandbox.connect``); a handle from ``connect`` is known as a created
-one. Create records the request before provisioning; once the provider has answered, the
-allocation record and the ``ResourceSampler`` run beside the caller, never in front of it,
-reading the provider when it is a ``ResourceProvider``, else its resource reader
-(``readers``), whose records may say that allocation and usage are unknown, and why.
+one (a connect to a sandbox already open in this process is that sandbox). A sandbox is known
+by its provider name, its server's scope and its id (``_state``), so two servers that give
+out the same id keep two identities. Create records the request before provisioning; once
+the provider has answered, the allocation record and the ``ResourceSampler`` run beside the
+caller, never in front of it, reading the provider when it is a ``ResourceProvider``, else
+its resource reader (``readers``), whose records may say that allocation and usage are
+unknown, and why.
 Close gives the final sample a short head start (``FINAL_SAMPLE_GRACE_S``) so it still sees
 the sandbox, then calls the provider's close whatever the sample does. Exec spans record the
 return code and never the command text; a failed call's span records the exception's type,

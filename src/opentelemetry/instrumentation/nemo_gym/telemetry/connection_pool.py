@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -253,15 +254,17 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
             self._nemo_gym_pending = deque(maxlen=0)
             self._nemo_gym_batch_size = 1
 
-    # Not ``async def``, and aiohttp's own parameters rather than ``*args, **kwargs``: this
-    # runs for every request, and a coroutine frame of our own, or packing and re-spreading
-    # the arguments, would each cost more than everything else a connect adds
-    # (benchmarks/instruction_count.py). The coroutine returned is the next ``connect`` in the
-    # MRO (aiohttp's), called with the caller's arguments, so ``await connector.connect(...)``
-    # behaves exactly as before, exceptions and cancellation included. Where aiohttp changes
-    # the parameters, ``timed_connector_mismatch`` keeps connectors plain, and
-    # ``test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters`` fails.
-    def connect(
+    # Not ``async def`` where Python lets a plain function say it is a coroutine function
+    # (3.12's ``inspect.markcoroutinefunction``, below), and aiohttp's own parameters rather than
+    # ``*args, **kwargs``: this runs for every request, and a coroutine frame of our own, or
+    # packing and re-spreading the arguments, would each cost more than everything else a
+    # connect adds (benchmarks/instruction_count.py). The coroutine returned is the next
+    # ``connect`` in the MRO (aiohttp's), called with the caller's arguments, so
+    # ``await connector.connect(...)`` behaves exactly as before, exceptions and cancellation
+    # included. Where aiohttp changes the parameters, ``timed_connector_mismatch`` keeps
+    # connectors plain, and ``test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters``
+    # fails.
+    def _nemo_gym_connect(
         self, req: ClientRequest, traces: list[Trace], timeout: _ClientTimeout
     ) -> Coroutine[Any, Any, Connection]:
         """Count the destination, then get a connection exactly as aiohttp would.
@@ -281,6 +284,22 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
             # does (so a patch of TCPConnector.connect applies), for less than super() costs.
             return _TCPConnector.connect(self, req, traces, timeout)
         return super().connect(req, traces, timeout)  # cooperative subclasses: the MRO
+
+    if sys.version_info >= (3, 12):
+        connect = _nemo_gym_connect
+    else:
+        # Python 3.11 has no way to mark a plain function as a coroutine function, and code
+        # that introspects (``inspect.iscoroutinefunction``, ``mock.patch(autospec=True)``,
+        # frameworks choosing a sync or an async path) must see aiohttp's ``async def``: one
+        # coroutine frame more per request is the price of telling the truth there.
+        async def connect(
+            self,
+            req: ClientRequest,
+            traces: list[Trace],
+            timeout: _ClientTimeout,  # noqa: ASYNC109 - aiohttp's signature, forwarded as is
+        ) -> Connection:
+            """Count the destination, then get a connection exactly as aiohttp would."""
+            return await self._nemo_gym_connect(req, traces, timeout)
 
     def _nemo_gym_count_first(self, label: str) -> None:
         # A label this connector has not counted yet: admit it under the provider's cap.
@@ -349,7 +368,7 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         return connection
 
 
-if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
+if sys.version_info >= (3, 12):
     # Tell inspect.iscoroutinefunction the truth about what connect() returns.
     inspect.markcoroutinefunction(QueueTimedTCPConnector.connect)
 

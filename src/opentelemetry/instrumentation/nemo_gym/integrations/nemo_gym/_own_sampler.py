@@ -10,7 +10,9 @@ instrumentor makes the patch with its sandbox state (``own_sampler_patch``) and 
 * a NeMo Gym sampler that starts sampling (its ``task`` set: it owns the sandbox in NeMo Gym's
   registry and has a positive interval) claims the sandbox, keyed as ours are by
   ``(nemo.gym.sandbox.provider, nemo.gym.sandbox.id)`` from its ``attributes``, in the
-  registry of the instrumentor's sandbox state; our sampler for it then starts no task and
+  registry of the instrumentor's sandbox state (scoped by the server as ours are: the
+  sandbox its handle stands for, else the one known sandbox with that provider and id, else
+  its provider's server scope); our sampler for it then starts no task and
   records no sample. If ours was sampling already, it is stopped (its final sample is its
   last record) and NeMo Gym's takes over;
 * its ``stop`` releases the claim.
@@ -28,7 +30,8 @@ from typing import Any
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX
-from opentelemetry.instrumentation.nemo_gym.sandbox._state import SandboxState
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import server_scope_of
+from opentelemetry.instrumentation.nemo_gym.sandbox._state import SandboxKey, SandboxState
 
 __all__ = ["MODULE", "own_sampler_patch"]
 
@@ -50,30 +53,39 @@ class NemoGymOwner:
         return None
 
 
-def _key(sampler: object) -> tuple[str, str] | None:
+def _key(state: SandboxState, sampler: object) -> SandboxKey | None:
+    """The key in ``state``'s registry of the sandbox NeMo Gym's ``sampler`` samples."""
     attributes = getattr(sampler, "attributes", None)
     if not isinstance(attributes, dict):
         return None
-    provider, sandbox_id = attributes.get(PREFIX + "provider"), attributes.get(PREFIX + "id")
-    if provider is None or sandbox_id is None:
+    provider, given_id = attributes.get(PREFIX + "provider"), attributes.get(PREFIX + "id")
+    if provider is None or given_id is None:
         return None
-    return (str(provider), str(sandbox_id))
+    name, sandbox_id = str(provider), str(given_id)
+    # NeMo Gym's sampler mirrors ours: its handle and provider are where ours keep them.
+    handle = getattr(sampler, "_handle", None)
+    known = state.registry.key_of(handle) if handle is not None else None
+    if known is None or (known[0], known[2]) != (name, sandbox_id):
+        known = state.registry.find(name, sandbox_id)
+    if known is not None:
+        return known
+    return (name, server_scope_of(getattr(sampler, "_provider", None)), sandbox_id)
 
 
 def _claim(state: SandboxState, sampler: object) -> None:
     """Make NeMo Gym's sampling ``sampler`` the sandbox's owner, stopping ours."""
-    key = _key(sampler)
+    key = _key(state, sampler)
     if key is None or getattr(sampler, "task", None) is None:
         return
     owner = NemoGymOwner(sampler)
     entry = state.registry.claim_for(key, owner)
     if entry is not None:
         # Ours was sampling: it stops (its final sample is its last record).
-        state.spawn(entry.stop(), f"nemo-gym sandbox sampler yields {key[1]}")
+        state.spawn(entry.stop(), f"nemo-gym sandbox sampler yields {key[2]}")
 
 
 def _release(state: SandboxState, sampler: object) -> None:
-    key = _key(sampler)
+    key = _key(state, sampler)
     if key is not None:
         state.registry.release_where(key, lambda owner: getattr(owner, "sampler", None) is sampler)
 

@@ -20,6 +20,17 @@ not the server's working directory, not the rest of ``/etc``; the environment is
 provider passes (bubblewrap hands its own environment on, and the provider gives it only the
 sandbox's). Capabilities are dropped, and ``--disable-userns`` stops a command from making
 user namespaces of its own (the kernel interface most container escapes start from).
+
+Never the host's root. The uid a command has inside maps to the uid bubblewrap runs as, and
+the kernel lets that uid write whatever files it owns, capabilities or not: run by root, a
+command could change the host's kernel settings through ``/proc/sys`` (``kernel.core_pattern``
+is code execution as root on the host). So a root server starts every ``bwrap`` as an
+unprivileged host uid (``Drop``, through ``setpriv``), which owns the sandbox's directories.
+bwrap resolves what it binds as that uid, so every path it binds must be reachable by it
+(``unreachable`` names one that is not: a virtualenv under ``/root``, say). And whatever uid
+runs, the ``/proc`` files that change the host are bound read-only (``_PROC_READ_ONLY``):
+bubblewrap's own cover of ``/proc/sys`` asks the kernel whether the directory is writable,
+which a ``/proc/sys`` directory never says, and skips it.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,12 +50,15 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import Sandbo
 
 __all__ = [
     "SANDBOX_PATH",
+    "Drop",
     "Jail",
     "command_argv",
+    "drop_for",
     "find_bwrap",
     "mounts",
     "start_jail",
     "stop_jail",
+    "unreachable",
 ]
 
 # PATH inside an isolated sandbox: the host's may name directories it cannot see.
@@ -72,10 +87,79 @@ _ETC_FOR_NETWORK = (
     "/etc/ssl",  # CA certificates for TLS
     "/etc/ca-certificates",
 )
+# What in /proc changes the host rather than the sandbox, bound read-only (where the kernel has
+# it) over the sandbox's fresh /proc.
+_PROC_READ_ONLY = (
+    "/proc/sys",  # kernel settings: core_pattern and modprobe run programs as root
+    "/proc/sysrq-trigger",  # reboot, crash, kill every process
+    "/proc/irq",  # interrupt affinity
+    "/proc/bus",  # PCI configuration space
+    "/proc/fs",  # file system settings (nfsd's exports)
+    "/proc/mtrr",  # memory type ranges of the CPUs
+    "/proc/acpi",  # wake-up devices
+    "/proc/scsi",  # adding and removing SCSI devices
+    "/proc/pressure",  # pressure triggers of the whole host
+)
 _HOSTNAME = "sandbox"
 # ioctl(2) on a namespace file descriptor: the user namespace that owns this one (NS_GET_PARENT).
 _NS_GET_PARENT = 0xB702
 _START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Drop:
+    """The unprivileged host uid and gid a root server runs bubblewrap as, and ``setpriv``."""
+
+    setpriv: str
+    uid: int
+    gid: int
+
+    def argv(self) -> list[str]:
+        """The prefix that runs the rest of a command line as this uid, with no groups (and, a
+        uid change from root clearing them, no capabilities)."""
+        return [
+            self.setpriv,
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--",
+        ]
+
+
+def drop_for(uid: int) -> Drop | None:
+    """How this process runs bubblewrap: as ``uid`` (and the gid of the same number) when it is
+    root, as itself otherwise (``None``). ``SandboxCreateError`` when root has no ``setpriv``."""
+    if os.geteuid() != 0:
+        return None
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxCreateError(
+            "a root server runs sandboxes as an unprivileged uid with setpriv, and there is "
+            "no 'setpriv' on PATH; install util-linux"
+        )
+    return Drop(setpriv, uid, uid)
+
+
+def unreachable(path: str, drop: Drop) -> str | None:
+    """The first directory on the way to ``path`` that ``drop``'s uid may not pass (no search
+    permission for it; ACLs aside), or ``None`` when it may reach ``path``."""
+    directory = Path(os.path.realpath(path))
+    for step in (*reversed(directory.parents), directory):
+        try:
+            info = step.stat()
+        except OSError:
+            return None  # missing: bwrap names it when it binds
+        if step == directory and not stat.S_ISDIR(info.st_mode):
+            break  # a file: reaching it is all a bind needs
+        if info.st_uid == drop.uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid == drop.gid:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            return str(step)
+    return None
 
 
 def find_bwrap() -> str:
@@ -96,6 +180,7 @@ class Jail:
     ``stop_jail``: a PID could be reused, a namespace descriptor cannot)."""
 
     bwrap: str
+    drop: Drop | None  # the uid every bwrap of the sandbox runs as, if not this process's
     holder: asyncio.subprocess.Process
     init_pidfd: int  # the sandbox's PID 1
     userns_fd: int  # where bwrap sets a command up (it owns the PID namespace)
@@ -112,13 +197,22 @@ def mounts(root: Path, tmp: Path, network: bool, read_only_paths: tuple[str, ...
     args = _system_directories()
     for path in _ETC_FOR_COMMANDS + (_ETC_FOR_NETWORK if network else ()):
         args += ["--ro-bind-try", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", *_proc_read_only(), "--dev", "/dev"]
     # Later mounts cover earlier ones: the private /tmp first, then what may lie under /tmp on
     # the host (a virtualenv in read_only_paths, the sandbox directory), so that it shows.
     args += ["--bind", str(tmp), "/tmp"]  # noqa: S108
     for path in read_only_paths:
         args += ["--ro-bind", path, path]
     args += ["--bind", str(root), str(root)]
+    return args
+
+
+def _proc_read_only() -> list[str]:
+    """The host-changing files of ``/proc``, bound read-only over the fresh ``/proc`` (from the
+    host's: the files are the same, and the sandbox's namespaces choose what they show)."""
+    args: list[str] = []
+    for path in _PROC_READ_ONLY:
+        args += ["--ro-bind-try", path, path]
     return args
 
 
@@ -143,6 +237,7 @@ def command_argv(
     server: it lives in the holder's PID namespace, whose init dies with the holder, and the
     holder keeps ``--die-with-parent``."""
     return [
+        *([] if jail.drop is None else jail.drop.argv()),
         jail.bwrap,
         "--userns",
         str(jail.userns_fd),
@@ -167,11 +262,13 @@ def command_argv(
     ]
 
 
-async def start_jail(bwrap: str, network: bool) -> Jail:
-    """Start a sandbox's holder and open its namespaces; ``SandboxCreateError`` with bwrap's
-    own message when it cannot (no user namespaces for this user, say)."""
+async def start_jail(bwrap: str, network: bool, drop: Drop | None) -> Jail:
+    """Start a sandbox's holder (as ``drop``'s uid, if given) and open its namespaces;
+    ``SandboxCreateError`` with bwrap's own message when it cannot (no user namespaces for
+    this user, say)."""
     info_read, info_write = os.pipe()
     argv = [
+        *([] if drop is None else drop.argv()),
         bwrap,
         "--unshare-user",
         "--unshare-pid",
@@ -212,7 +309,7 @@ async def start_jail(bwrap: str, network: bool) -> Jail:
         async with asyncio.timeout(_START_TIMEOUT_S):
             info = await asyncio.to_thread(_read_info, info_read)
             await _wait_ready(holder)
-        return _open_namespaces(bwrap, holder, int(str(info["child-pid"])))
+        return _open_namespaces(bwrap, drop, holder, int(str(info["child-pid"])))
     except (Exception, asyncio.CancelledError) as exc:
         await _end_holder(holder)
         if isinstance(exc, asyncio.CancelledError):
@@ -225,7 +322,7 @@ async def start_jail(bwrap: str, network: bool) -> Jail:
 
 def _holder_mounts() -> list[str]:
     """The holder only sleeps: the system directories are all it needs."""
-    return [*_system_directories(), "--proc", "/proc", "--dev", "/dev"]
+    return [*_system_directories(), "--proc", "/proc", *_proc_read_only(), "--dev", "/dev"]
 
 
 def _system_directories() -> list[str]:
@@ -256,7 +353,9 @@ async def _wait_ready(holder: asyncio.subprocess.Process) -> None:
         raise SandboxCreateError("bwrap exited before the sandbox started")
 
 
-def _open_namespaces(bwrap: str, holder: asyncio.subprocess.Process, init_pid: int) -> Jail:
+def _open_namespaces(
+    bwrap: str, drop: Drop | None, holder: asyncio.subprocess.Process, init_pid: int
+) -> Jail:
     opened: list[int] = []
     try:
         opened.append(os.pidfd_open(init_pid))
@@ -271,7 +370,7 @@ def _open_namespaces(bwrap: str, holder: asyncio.subprocess.Process, init_pid: i
         raise
     pidfd, inner, outer, pidns = opened
     os.set_inheritable(outer, False)
-    return Jail(bwrap, holder, pidfd, outer, inner, pidns)
+    return Jail(bwrap, drop, holder, pidfd, outer, inner, pidns)
 
 
 async def stop_jail(jail: Jail) -> None:

@@ -1,6 +1,6 @@
 """Cgroup plumbing for the process sandbox provider (and cgroup reading for the Docker one).
 
-Finds writable cgroup hierarchies (v1 or v2), creates and configures one cgroup per sandbox,
+Creates and configures one cgroup per sandbox where ``_cgroup_placement`` says they go,
 reads back the limits the kernel enforces and the usage it accounts, and removes the cgroup.
 Cgroup files are small in-memory kernel files, so they are read and written synchronously,
 even from the event loop; only ``remove_cgroup`` is a coroutine, because it waits between
@@ -14,7 +14,6 @@ import contextlib
 import errno
 import functools
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, A
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import (
     procs_of,
     read_file,
-    read_mounts,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     MIB,
@@ -36,6 +34,7 @@ CFS_PERIOD_US = 100_000
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (about 2**63).
 _V1_UNLIMITED = 1 << 62
 _RMDIR_ROUNDS = 200
+_MKDIR_ROUNDS = 3
 _RMDIR_PAUSE_S = 0.01
 
 # The first process of every command. It writes its own pid into each of the sandbox's
@@ -86,25 +85,17 @@ def write_text(path: Path, value: str) -> None:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this machine's writable cgroup hierarchies are mounted."""
+    """Where a provider makes its sandboxes' cgroups (``_cgroup_placement`` decides).
+
+    ``bases`` maps each controller's hierarchy (v1), or ``""`` (v2), to the directory under
+    which ``<parent>/<sandbox id>`` are made; ``path`` is that directory's cgroup path as
+    ``/proc/self/cgroup`` spells it (the memory hierarchy's on v1), the prefix of every
+    sandbox cgroup's designator.
+    """
 
     version: int
-    mounts: dict[str, Path]  # v1: controller -> mount point; v2: {"": mount point}
-
-
-def discover_layout() -> Layout | None:
-    """Writable cgroup hierarchies from ``/proc/self/mountinfo``; v1 first (a hybrid machine
-    binds cpu and memory to v1, leaving its v2 hierarchy without them), else v2."""
-    mounts = read_mounts()
-    v1 = {c: m.point for c, m in mounts.v1.items()}
-    if "cpu" in v1 and "memory" in v1 and all(os.access(p, os.W_OK) for p in v1.values()):
-        return Layout(1, v1)
-    v2 = None if mounts.v2 is None else mounts.v2.point
-    if v2 is not None and os.access(v2, os.W_OK):
-        available = set((read_file(v2 / "cgroup.controllers") or "").split())
-        if {"cpu", "memory"} <= available:
-            return Layout(2, {"": v2})
-    return None
+    bases: dict[str, Path]
+    path: str = "/"
 
 
 @dataclass
@@ -113,7 +104,9 @@ class Cgroup:
 
     version: int
     dirs: dict[str, Path]  # controller ("" for v2) -> directory
-    path: str  # the path inside each hierarchy, e.g. "/nemo_gym/process-1a2b"
+    # Its cgroup path as /proc/<pid>/cgroup spells it, e.g. "/system.slice/gym.service/
+    # nemo_gym/process-1a2b"; on v1, the memory hierarchy's (others may differ above the base).
+    path: str
 
     def file(self, controller: str, name: str) -> Path:
         return self.dirs["" if self.version == 2 else controller] / name
@@ -158,11 +151,28 @@ class Cgroup:
         return list(dict.fromkeys(self.dirs.values()))
 
 
-def _enable_v2_controllers(directory: Path, wanted: Sequence[str]) -> None:
+def enable_v2_controllers(directory: Path, wanted: Sequence[str]) -> None:
+    """Give ``directory``'s children the ``wanted`` controllers (v2 ``cgroup.subtree_control``);
+    raises ``OSError`` (``EBUSY`` when it holds processes and is not the root)."""
     enabled = set((read_file(directory / "cgroup.subtree_control") or "").split())
     missing = [c for c in wanted if c not in enabled]
     if missing:
         write_text(directory / "cgroup.subtree_control", " ".join("+" + c for c in missing))
+
+
+def _make_beneath_parent(directory: Path) -> None:
+    """``mkdir`` of ``directory`` and, when missing, of its parent. The parent is shared with
+    every provider of the same name in the same cgroup, and another one's ``aclose`` removes
+    it once it is empty, possibly between the two calls: then it is made again."""
+    for _ in range(_MKDIR_ROUNDS - 1):
+        directory.parent.mkdir(exist_ok=True)
+        try:
+            directory.mkdir()
+        except FileNotFoundError:
+            continue
+        return
+    directory.parent.mkdir(exist_ok=True)
+    directory.mkdir()
 
 
 def make_cgroup(
@@ -173,26 +183,23 @@ def make_cgroup(
     memory_mib: int | None,
     pids: int | None = None,
 ) -> Cgroup:
-    """Create and configure a sandbox cgroup; raises ``OSError`` after removing what it made.
-    ``pids`` caps its processes and threads where the pids controller is there."""
-    path = f"/{parent}/{name}"
-    if layout.version == 1:
-        dirs = {c: m / parent / name for c, m in layout.mounts.items()}
-    else:
-        dirs = {"": layout.mounts[""] / parent / name}
+    """Create and configure a sandbox cgroup at ``<base>/<parent>/<name>`` in each of the
+    layout's hierarchies; raises ``OSError`` after removing what it made. ``pids`` caps its
+    processes and threads where the pids controller is there."""
+    path = f"{layout.path.rstrip('/')}/{parent}/{name}"
+    dirs = {c: base / parent / name for c, base in layout.bases.items()}
     cgroup = Cgroup(layout.version, dirs, path)
     created: list[Path] = []
     try:
         if layout.version == 2:
-            root = layout.mounts[""]
-            available = (read_file(root / "cgroup.controllers") or "").split()
+            base = layout.bases[""]
+            available = (read_file(base / "cgroup.controllers") or "").split()
             wanted = [c for c in ("cpu", "memory", "pids") if c in available]
-            _enable_v2_controllers(root, wanted)
-            (root / parent).mkdir(exist_ok=True)
-            _enable_v2_controllers(root / parent, wanted)
+            enable_v2_controllers(base, wanted)
+            (base / parent).mkdir(exist_ok=True)
+            enable_v2_controllers(base / parent, wanted)
         for directory in cgroup.unique_dirs():
-            directory.parent.mkdir(exist_ok=True)
-            directory.mkdir()
+            _make_beneath_parent(directory)
             created.append(directory)
         if cpu is not None:
             quota = max(1000, round(cpu * CFS_PERIOD_US))

@@ -14,7 +14,7 @@ unrelated cgroup:
 
 Layouts: cgroup v1 (a hierarchy per controller; ``cpu``, ``cpuacct``, ``memory``, ``pids``
 used where present), v2 (one directory), and hybrid (v1 controllers beside a v2 hierarchy
-without them: v1 wins when it has ``memory``, as in ``_cgroups.discover_layout``).
+without them: v1 wins when it has ``memory``, as in ``_cgroup_placement.plan_layout``).
 """
 
 from __future__ import annotations

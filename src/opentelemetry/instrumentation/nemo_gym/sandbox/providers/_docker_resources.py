@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import within_total
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     MIB,
     ContainerResourceAmounts,
@@ -121,7 +122,9 @@ def allocation_from_inspect(
 
 
 def sample_from_stats(stats: Mapping[str, Any] | None) -> dict[str, Attribute]:
-    """Usage attributes from a stats answer (cgroup v1 or v2 shape); absent fields are omitted."""
+    """Usage attributes from a stats answer (cgroup v1 or v2 shape); absent fields are omitted.
+    Memory above the answer's own ``memory_stats.limit`` (the container's limit, else the
+    host's memory) is impossible and dropped (``within_total``: logged once)."""
     sample: dict[str, Attribute] = {}
     if not stats:
         return sample
@@ -138,7 +141,14 @@ def sample_from_stats(stats: Mapping[str, Any] | None) -> dict[str, Attribute]:
         "usage.memory_peak_mib": (_nested(stats, "memory_stats", "max_usage"), MIB),
         "usage.pids": (_nested(stats, "pids_stats", "current"), 1),
     }
+    limit = _nested(stats, "memory_stats", "limit")
     for key, (value, scale) in readings.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            if key in _MEMORY and within_total(key, value, limit, "memory limit") is None:
+                continue
             sample[key] = int(value) if scale == 1 else value / scale
     return sample
+
+
+# The stats figures bounded by the answer's memory limit.
+_MEMORY = ("usage.memory_mib", "usage.memory_peak_mib")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -86,8 +87,10 @@ class ProcScan:
 
     def __init__(self) -> None:
         self.scans = 0
-        self._next: asyncio.Future[dict[int, list[ProcRow]]] | None = None
-        self._next_loop: asyncio.AbstractEventLoop | None = None
+        # The scan not started yet, weakly: its loop's schedule holds it until it runs, and a
+        # loop closed before then clears that schedule, so neither the scan nor the loop it
+        # belongs to is kept by this (long-lived) object.
+        self._next: weakref.ref[asyncio.Future[dict[int, list[ProcRow]]]] | None = None
         self._not_before = 0.0  # loop time before which the next scan may not start
 
     async def sessions(self) -> Mapping[int, list[ProcRow]]:
@@ -97,17 +100,18 @@ class ProcScan:
         others. A failed scan raises its error to every caller that waited for it.
         """
         loop = asyncio.get_running_loop()
-        if self._next is None or self._next_loop is not loop:
-            future: asyncio.Future[dict[int, list[ProcRow]]] = loop.create_future()
-            self._next, self._next_loop = future, loop
+        future = self._next() if self._next is not None else None
+        if future is None or future.get_loop() is not loop:
+            future = loop.create_future()
+            self._next = weakref.ref(future)
             loop.call_at(max(loop.time(), self._not_before), self._scan, future)
-        return await asyncio.shield(self._next)
+        return await asyncio.shield(future)
 
     def _scan(self, future: asyncio.Future[dict[int, list[ProcRow]]]) -> None:
         # From here on, a new caller needs a newer scan: this one may have read its
         # processes' /proc entries already.
-        if self._next is future:
-            self._next = self._next_loop = None
+        if self._next is not None and self._next() is future:
+            self._next = None
         self.scans += 1
         started = time.perf_counter()
         try:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,9 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
 logger = logging.getLogger(__name__)
 
 _MIN_CPU = 0.01  # the kernel refuses a CFS quota below 1 ms per period
-_OUTPUT_GRACE_S = 0.2
+# After a command's exit, what its pipes hold is read in at most this many reads of this size.
+_DRAIN_READS = 64
+_READ_SIZE = 1 << 16
 _KILL_ROUNDS = 200
 _KILL_PAUSE_S = 0.01
 
@@ -53,6 +56,10 @@ class Sandbox:
     isolation: str  # "bwrap" or "none"
     jail: Jail | None = None  # with bwrap: the holder whose namespaces commands join
     tmp: Path | None = None  # with bwrap: the directory each command sees as /tmp
+    # With bwrap under a root server: the (uid, gid) commands run as, owner of all they write.
+    owner: tuple[int, int] | None = None
+    # With bwrap and disk_gib, where this process may mount: the tmpfs holding root and tmp.
+    disk: Path | None = None
     sessions: set[int] = field(default_factory=set)  # one session (and group) per command
     closed: bool = False
     # /proc sampling without a cgroup: last CPU seconds per (pid, start time), and peak RSS.
@@ -73,6 +80,7 @@ def check_options(
     cgroup_parent: object,
     base_dir: object,
     max_output_bytes: object,
+    sandbox_uid: object,
 ) -> tuple[str, ...]:
     """Check ``ProcessSandboxProvider``'s options (they may come from a NeMo Gym config, so
     types too), raising ``ValueError`` naming the option and the value; returns
@@ -104,6 +112,8 @@ def check_options(
         raise ValueError(f"max_output_bytes={max_output_bytes!r} must be an integer")  # noqa: TRY004
     if max_output_bytes < 0:
         raise ValueError(f"max_output_bytes={max_output_bytes!r} must not be negative")
+    if isinstance(sandbox_uid, bool) or not isinstance(sandbox_uid, int) or sandbox_uid < 1:
+        raise ValueError(f"sandbox_uid={sandbox_uid!r} must be a positive integer (never root's 0)")
     return tuple(read_only_paths)
 
 
@@ -122,6 +132,8 @@ def check_spec(
         raise ValueError(f"resources.cpu={resources.cpu!r} must be at least {_MIN_CPU} cores")
     if resources.memory_mib is not None and resources.memory_mib < 1:
         raise ValueError(f"resources.memory_mib={resources.memory_mib!r} must be at least 1")
+    if resources.disk_gib is not None and resources.disk_gib < 1:
+        raise ValueError(f"resources.disk_gib={resources.disk_gib!r} must be at least 1")
     options = getattr(spec, "provider_options", None) or {}
     if options:
         # Keys only: option values may hold credentials.
@@ -174,37 +186,56 @@ def relative_path(name: str, value: object) -> Path:
 
 
 def make_directory(
-    base_dir: str | None, sandbox_id: str, workdir: Path | None, files: dict[str, str]
+    base_dir: str | None,
+    sandbox_id: str,
+    workdir: Path | None,
+    files: dict[str, str],
+    owner: tuple[int, int] | None,
 ) -> tuple[Path, Path]:
-    """Make the sandbox's directory, working directory and files: (root, workdir). Raises
-    ``OSError`` after removing whatever it made."""
-    root = make_temporary(base_dir, f"nemo-gym-{sandbox_id}-")
+    """Make the sandbox's directory, working directory and files, all ``owner``'s (when not
+    ``None``): (root, workdir). Raises ``OSError`` after removing whatever it made."""
+    root = make_temporary(base_dir, f"nemo-gym-{sandbox_id}-", owner)
     try:
         work = root if workdir is None else root / workdir
-        work.mkdir(parents=True, exist_ok=True)
+        make_directories(root, work, owner)
         for target, content in files.items():
             path = work / target
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_directories(root, path.parent, owner)
             path.write_text(content)
+            give(path, owner)
     except OSError:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return root, work
 
 
-def make_temporary(base_dir: str | None, prefix: str) -> Path:
-    """A new private directory (mode 0700) in ``base_dir``, its path resolved."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base_dir)).resolve()
+def make_temporary(base_dir: str | None, prefix: str, owner: tuple[int, int] | None) -> Path:
+    """A new private directory (mode 0700) in ``base_dir``, ``owner``'s, its path resolved."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base_dir)).resolve()
+    try:
+        give(path, owner)
+    except OSError:
+        path.rmdir()
+        raise
+    return path
 
 
-def inside(state: Sandbox, name: str, value: str | os.PathLike[str]) -> Path:
-    """``value`` (relative to the working directory, or absolute) resolved, symlinks included,
-    and refused with ``ValueError`` unless it lies inside the sandbox."""
-    path = Path(value)
-    resolved = (path if path.is_absolute() else state.workdir / path).resolve()
-    if not resolved.is_relative_to(state.root):
-        raise ValueError(f"{name}={str(value)!r} is outside sandbox {state.sandbox_id}")
-    return resolved
+def make_directories(root: Path, directory: Path, owner: tuple[int, int] | None) -> None:
+    """Make ``directory`` and its missing parents below ``root``, ``owner``'s: a command that
+    does not run as this process's uid must be able to write in them."""
+    missing: list[Path] = []
+    while directory != root and not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        give(made, owner)
+
+
+def give(path: Path, owner: tuple[int, int] | None) -> None:
+    """Make ``path`` (never what a symlink there points to) ``owner``'s; nothing for ``None``."""
+    if owner is not None:
+        os.chown(path, *owner, follow_symlinks=False)
 
 
 def kill_group(pgid: int) -> None:
@@ -229,36 +260,76 @@ def forget_ended_sessions(state: Sandbox) -> None:
             pass  # a process of the group lives (under another user): the number is taken
 
 
-# Killed commands of cancelled execs, reaped beside the cancellation (the loop keeps only weak
-# references to tasks).
-_REAPING: set[asyncio.Task[int]] = set()
-
-
-def reap_in_background(process: asyncio.subprocess.Process) -> None:
-    """Wait for a killed command's exit in a task of its own, so a cancelled exec propagates at
-    once and asyncio still closes the command's transport (instead of a ResourceWarning about
-    a subprocess still running when the object is collected)."""
-    task = asyncio.ensure_future(process.wait())
-    _REAPING.add(task)
-    task.add_done_callback(_REAPING.discard)
-
-
 def kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
 
 
-async def drain(stream: asyncio.StreamReader | None, buffer: bytearray, limit: int) -> None:
-    """Read ``stream`` to its end, keeping its first ``limit`` bytes (the rest is discarded
-    but still read, so the command never blocks on a full pipe)."""
-    if stream is None:
-        return
-    while chunk := await stream.read(1 << 16):
-        if len(buffer) < limit:
-            buffer += chunk[: limit - len(buffer)]
-
-
 # --- commands ------------------------------------------------------------------------------
+
+
+class _Output:
+    """One output stream of a command: a pipe of our own, read as data arrives, whose first
+    ``limit`` bytes are kept.
+
+    Our own pipe, read here, rather than asyncio's: asyncio hands data on a loop turn after
+    reading it, and ``finish`` must know that what it read last came last. Once finished, the
+    pipe is still read (so that a background process the command left never blocks on a full
+    pipe, nor dies of a closed one) and what comes is thrown away, until the last writer has
+    gone (at the sandbox's close, at the latest).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._limit = limit
+        self._keeping = True
+        self.kept = bytearray()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._read, 1)
+
+    def finish(self) -> None:
+        """Take what the pipe holds now, without waiting for more (once the command has
+        exited, all it wrote is there), then keep nothing more. Bounded: a background process
+        that writes without pause stops this after ``_DRAIN_READS`` reads."""
+        self._read(_DRAIN_READS)
+        self._keeping = False
+
+    def _read(self, reads: int) -> None:
+        for _ in range(reads):
+            if self._fd < 0:
+                return
+            try:
+                data = os.read(self._fd, _READ_SIZE)
+            except BlockingIOError:
+                return  # empty for now
+            except OSError:
+                data = b""
+            if not data:  # every writer has gone
+                self._loop.remove_reader(self._fd)
+                os.close(self._fd)
+                self._fd = -1
+                return
+            if self._keeping and len(self.kept) < self._limit:
+                self.kept += data[: self._limit - len(self.kept)]
+
+
+class _Exit(asyncio.SubprocessProtocol):
+    """Says when the command's process has exited (not its pipes: a background process it
+    started may hold those for as long as it lives), and closes its transport then."""
+
+    def __init__(self, exited: asyncio.Future[None]) -> None:
+        self._exited = exited
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def process_exited(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
 
 
 async def run_command(
@@ -269,52 +340,59 @@ async def run_command(
     env: dict[str, str],
     timeout: float | None,  # noqa: ASYNC109 - the exec's timeout_s, which kills the command
     max_output: int,
+    pass_fds: tuple[int, ...] = (),
 ) -> SandboxExecResult:
-    """Run ``argv`` for the sandbox (in its cgroup, in a new session) and collect its result:
-    at ``timeout`` its process group is killed (``error_type="timeout"``); cancelled, it is
-    killed and ``CancelledError`` propagates."""
+    """Run ``argv`` for the sandbox (in its cgroup, in a new session) and collect its result
+    once it exits (background processes it started are not waited for): at ``timeout`` its
+    process group is killed (``error_type="timeout"``); cancelled, it is killed and
+    ``CancelledError`` propagates."""
     oom_before = _cgroups.oom_kills(state.cgroup)
-    process = await asyncio.create_subprocess_exec(
-        *_cgroups.joining(state.cgroup, argv),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        pass_fds=() if state.jail is None else state.jail.fds,
-    )
-    state.sessions.add(process.pid)
-    out, err = bytearray(), bytearray()
-    readers = [
-        asyncio.ensure_future(drain(process.stdout, out, max_output)),
-        asyncio.ensure_future(drain(process.stderr, err, max_output)),
-    ]
-    timed_out = False
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+    (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
     try:
-        await asyncio.wait_for(process.wait(), timeout)
-    except TimeoutError:
-        timed_out = True
-        kill_group(process.pid)
-        await process.wait()
+        transport, _ = await loop.subprocess_exec(
+            lambda: _Exit(exited),
+            *_cgroups.joining(state.cgroup, argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out_write,
+            stderr=err_write,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    except BaseException:
+        for fd in (out_read, err_read):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_write, err_write):
+            os.close(fd)  # the command has its own copies: EOF comes when its side closes
+    outputs = (_Output(loop, out_read, max_output), _Output(loop, err_read, max_output))
+    pid = transport.get_pid()
+    state.sessions.add(pid)
+    try:
+        # asyncio.wait, not wait_for: a timeout or a cancellation leaves ``exited`` as it is.
+        done, _ = await asyncio.wait({exited}, timeout=timeout)
+        timed_out = not done
+        if timed_out:
+            kill_group(pid)
+            await asyncio.wait({exited})
     except asyncio.CancelledError:
-        kill_group(process.pid)
-        reap_in_background(process)
-        for reader in readers:
-            reader.cancel()
+        kill_group(pid)  # asyncio reaps it, and _Exit closes the transport then
+        for output in outputs:
+            output.finish()
         raise
     # Reaped: a command that left nothing running has ended its session, whose id is now free.
     forget_ended_sessions(state)
-    # Background processes may hold the pipes open after the command ended: take what
-    # arrived within a short grace and leave the rest.
-    _, pending = await asyncio.wait(readers, timeout=_OUTPUT_GRACE_S)
-    for reader in pending:
-        reader.cancel()
-    stdout = out.decode("utf-8", errors="replace")
-    stderr = err.decode("utf-8", errors="replace")
+    for output in outputs:
+        output.finish()
+    stdout, stderr = (output.kept.decode("utf-8", errors="replace") for output in outputs)
     if timed_out:
         return SandboxExecResult(stdout, stderr, EXEC_TIMEOUT_RETURN_CODE, "timeout")
-    code = process.returncode if process.returncode is not None else EXEC_TIMEOUT_RETURN_CODE
+    returned = transport.get_returncode()
+    code = returned if returned is not None else EXEC_TIMEOUT_RETURN_CODE
     if code < 0:
         code = 128 - code
     error_type = None

@@ -12,16 +12,21 @@ and records).
 
 Where the machine lets this process create cgroups (v1 hierarchies or a v2 hierarchy with the
 ``cpu`` and ``memory`` controllers, writable), each sandbox gets one, at
-``/<cgroup_parent>/<sandbox id>`` in each hierarchy, enforcing the requested cpu (CFS quota),
-memory (a hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of
-swapping) and the provider's ``pids_limit``. Elsewhere the sandbox still works; its allocation
-then says ``source = "process"`` with no limits.
+``<base>/<cgroup_parent>/<sandbox id>``, enforcing the requested cpu (CFS quota), memory (a
+hard limit, swap included, so the kernel OOM-kills inside the sandbox instead of swapping) and
+the provider's ``pids_limit``. The base is the server's own cgroup, so that the server's limits
+bound its sandboxes too, or the cgroup ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names
+(``_cgroup_placement``; on cgroup v2 the server may move itself into a leaf child of its
+cgroup first). Elsewhere the sandbox still works; its allocation then says
+``source = "process"`` with no limits. A requested ``disk_gib`` is a size-limited tmpfs
+where this process may mount one (``_disk``).
 
 It is also a ``ResourceProvider``: the allocation is read back from what the kernel enforces,
 and samples come from the cgroup (or, without one, from ``/proc``).
 
-The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies go to a thread, and
-subprocess I/O uses asyncio.
+The cgroup and ``/proc`` plumbing lives in ``_cgroups``; file copies (``_transfers``, which
+opens paths in the sandbox following no symlink) go to a thread, and subprocess I/O uses
+asyncio.
 """
 
 from __future__ import annotations
@@ -32,11 +37,18 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _bwrap, _cgroups
+from opentelemetry.instrumentation.nemo_gym._shared import _settings
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers import (
+    _bwrap,
+    _cgroup_placement,
+    _cgroups,
+    _disk,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import read_file
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._proc_scan import ProcScan
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox import (
@@ -45,11 +57,15 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._process_sandbox i
     check_options,
     check_spec,
     forget_ended_sessions,
-    inside,
     kill_all,
     make_directory,
     make_temporary,
     run_command,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._transfers import (
+    download,
+    open_working_directory,
+    upload,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -58,6 +74,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
+    SandboxResourceAmounts,
     SandboxSpec,
     SandboxStatus,
     _positive_seconds,
@@ -92,13 +109,24 @@ class ProcessSandboxProvider:
     a loopback of their own and nothing else. ``read_only_paths`` are absolute host paths
     isolated commands also see, read-only, at the same place (an interpreter or a virtualenv
     outside ``/usr``). ``cgroups=False`` never uses cgroups; otherwise they are used where
-    writable. ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None``
-    for no cap). ``cgroup_parent`` names the directory under each hierarchy's root that holds
-    the sandboxes' cgroups; ``base_dir`` is where the sandbox directories are made (default: the
+    writable, beneath the server's own cgroup (or the one
+    ``OTEL_PYTHON_NEMO_GYM_SANDBOX_CGROUP_PARENT`` names), decided when the provider is made;
+    on cgroup v2 that may move this process, only when it is alone in its cgroup, into the
+    cgroup's child ``nemo_gym_server`` (docs/sandboxes.md, "Where sandbox cgroups go").
+    ``pids_limit`` caps the processes and threads of a sandbox with a cgroup (``None`` for no
+    cap). ``cgroup_parent`` names the directory beneath that cgroup that holds the sandboxes'
+    cgroups; ``base_dir`` is where the sandbox directories are made (default: the
     system temporary directory); ``max_output_bytes`` caps what ``exec`` keeps of each stream.
+    Isolated commands never run as the host's root: a server running as root runs bubblewrap,
+    and so every command, as ``sandbox_uid`` (and the gid of that number; default 65534,
+    ``nobody``), which owns the sandbox's files and must be able to reach ``base_dir`` and
+    ``read_only_paths`` (``create`` names the first it cannot); any other server runs them as
+    its own uid. ``disk_gib`` is enforced for isolated sandboxes of a root server (a tmpfs of
+    that size holds the sandbox's directory and its ``/tmp``; see ``_disk``); elsewhere it is
+    not, and the allocation record has no disk limit.
 
-    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored), ``ttl_s``,
-    and ``disk_gib`` (recorded as requested, reported as unlimited). A GPU request raises
+    Not enforced here: ``image`` and ``entrypoint`` (container concepts, ignored) and
+    ``ttl_s``. A GPU request raises
     ``SandboxCreateError``. Options arrive as keyword arguments, from code or from a NeMo Gym
     config (``{"otel_process": {...}}``); a bad value raises ``ValueError`` naming the option
     and the value.
@@ -117,6 +145,7 @@ class ProcessSandboxProvider:
         cgroup_parent: str = "nemo_gym",
         base_dir: str | os.PathLike[str] | None = None,
         max_output_bytes: int = 8 * MIB,
+        sandbox_uid: int = 65534,
     ) -> None:
         # Options may come from a NeMo Gym config ({"otel_process": {...}}): check their types.
         self._read_only_paths = check_options(
@@ -128,11 +157,17 @@ class ProcessSandboxProvider:
             cgroup_parent=cgroup_parent,
             base_dir=base_dir,
             max_output_bytes=max_output_bytes,
+            sandbox_uid=sandbox_uid,
         )
         self._isolation = isolation
+        self._sandbox_uid = sandbox_uid
         self._network = network
         self._pids_limit = pids_limit
-        self._layout = _cgroups.discover_layout() if cgroups else None
+        self._layout = (
+            _cgroup_placement.discover_layout(_settings.sandbox_cgroup_parent())
+            if cgroups
+            else None
+        )
         self._cgroup_parent = cgroup_parent
         self._base_dir = None if base_dir is None else os.fspath(base_dir)
         self._max_output = max_output_bytes
@@ -165,12 +200,23 @@ class ProcessSandboxProvider:
         resources, relative_workdir, env, files = check_spec(spec)
         # Before anything is made: without bwrap there is nothing to undo.
         bwrap = _bwrap.find_bwrap() if self._isolation == "bwrap" else None
+        drop = None if bwrap is None else _bwrap.drop_for(self._sandbox_uid)
+        owner = None if drop is None else (drop.uid, drop.gid)
+        if drop is not None:
+            await asyncio.to_thread(self._check_reach, drop)
         sandbox_id = f"process-{uuid.uuid4().hex[:16]}"
+        disk = None
+        if bwrap is not None and resources.disk_gib is not None:
+            disk = await self._make_disk(sandbox_id, resources.disk_gib, owner)
+        # With a disk limit, the sandbox's directory and its /tmp are made on its disk.
+        base_dir = self._base_dir if disk is None else str(disk)
         try:
             root, work = await asyncio.to_thread(
-                make_directory, self._base_dir, sandbox_id, relative_workdir, files
+                make_directory, base_dir, sandbox_id, relative_workdir, files, owner
             )
         except OSError as exc:
+            if disk is not None:
+                await self._remove_disk(disk)
             raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
 
         cgroup = None
@@ -194,7 +240,16 @@ class ProcessSandboxProvider:
             "HOME": str(work),
             "LANG": "C.UTF-8",
         }
-        state = Sandbox(sandbox_id, root, work, {**base_env, **env}, cgroup, self._isolation)
+        state = Sandbox(
+            sandbox_id,
+            root,
+            work,
+            {**base_env, **env},
+            cgroup,
+            self._isolation,
+            owner=owner,
+            disk=disk,
+        )
         if bwrap is None:
             logger.warning(
                 "sandbox %s is not isolated (isolation='none'): its commands run as this "
@@ -204,9 +259,9 @@ class ProcessSandboxProvider:
         else:
             try:
                 state.tmp = await asyncio.to_thread(
-                    make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-tmp-"
+                    make_temporary, base_dir, f"nemo-gym-{sandbox_id}-tmp-", owner
                 )
-                state.jail = await _bwrap.start_jail(bwrap, self._network)
+                state.jail = await _bwrap.start_jail(bwrap, self._network, drop)
             except (Exception, asyncio.CancelledError) as exc:
                 await self._discard(state)
                 if isinstance(exc, OSError):
@@ -214,6 +269,54 @@ class ProcessSandboxProvider:
                 raise
         self._sandboxes[sandbox_id] = state
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=state)
+
+    async def _make_disk(
+        self, sandbox_id: str, size_gib: int, owner: tuple[int, int] | None
+    ) -> Path | None:
+        """A tmpfs of ``size_gib`` GiB for the sandbox (see ``_disk``), or ``None`` with a
+        warning where this process cannot mount one: its disk use is then not bounded."""
+        if not _disk.can_mount():
+            logger.warning(
+                "sandbox %s asked for disk_gib=%s: not enforced (a size-limited file system "
+                "needs a root server); its allocation record has no disk limit",
+                sandbox_id,
+                size_gib,
+            )
+            return None
+        try:
+            disk = await asyncio.to_thread(
+                make_temporary, self._base_dir, f"nemo-gym-{sandbox_id}-disk-", None
+            )
+        except OSError as exc:
+            raise SandboxCreateError(f"process sandbox directory failed: {exc}") from exc
+        try:
+            await _disk.mount(disk, size_gib, owner)
+        except (Exception, asyncio.CancelledError) as exc:
+            await asyncio.to_thread(disk.rmdir)
+            if isinstance(exc, OSError):
+                raise SandboxCreateError(f"process sandbox disk failed: {exc}") from exc
+            raise
+        return disk
+
+    async def _remove_disk(self, disk: Path) -> None:
+        await _disk.unmount(disk)
+        await asyncio.to_thread(shutil.rmtree, disk, True)
+
+    def _check_reach(self, drop: _bwrap.Drop) -> None:
+        """``SandboxCreateError`` naming the first path bwrap would bind that ``drop``'s uid
+        cannot reach (bwrap resolves them as that uid)."""
+        base_dir = self._base_dir or tempfile.gettempdir()
+        # A base_dir that is no directory fails as the sandbox's directory is made.
+        places = [("base_dir", base_dir)] if os.path.isdir(base_dir) else []
+        places += [("read_only_paths entry", path) for path in self._read_only_paths]
+        for name, path in places:
+            blocked = _bwrap.unreachable(path, drop)
+            if blocked is not None:
+                raise SandboxCreateError(
+                    f"{name} {path!r} is out of reach of sandbox_uid {drop.uid}, which may not "
+                    f"pass {blocked!r}: a root server runs its sandboxes as that uid (make the "
+                    "directories on the way searchable by it, or use another path)"
+                )
 
     def sandbox_attributes(self, handle: SandboxHandle) -> dict[str, Attribute]:
         """Attributes of the sandbox for its whole life, which tracing adds to its identity
@@ -243,7 +346,8 @@ class ProcessSandboxProvider:
         """Run ``command`` with ``sh -c`` in the sandbox, in its cgroup, in a new session.
 
         ``cwd`` is relative to the sandbox's working directory (or absolute inside the
-        sandbox); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
+        sandbox), a directory reached through no symlink (``ValueError`` otherwise, naming
+        it); ``env`` is added to the sandbox's environment. At ``timeout_s`` the whole
         process group is killed and the result has ``error_type="timeout"`` and
         ``return_code=EXEC_TIMEOUT_RETURN_CODE``. A command killed by a signal returns
         128 + the signal number; when the kernel OOM-killed it, ``error_type="oom_kill"``.
@@ -257,42 +361,54 @@ class ProcessSandboxProvider:
         if user is not None:
             raise ValueError(f"user={user!r}: the process provider runs commands as its own user")
         timeout = _positive_seconds("timeout_s", timeout_s)
-        directory = state.workdir if cwd is None else inside(state, "cwd", cwd)
         command_env = {**state.env, **check_env("env", env)}
-        if state.jail is None:
-            argv, cwd_on_host = ["/bin/sh", "-c", command], directory
-        else:
-            assert state.tmp is not None  # made with the jail
-            mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
-            argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
-            cwd_on_host = state.root
-        return await run_command(
-            state,
-            argv,
-            cwd=cwd_on_host,
-            env=command_env,
-            timeout=timeout,
-            max_output=self._max_output,
-        )
+        directory, opened = state.workdir, None
+        if cwd is not None:
+            # Opened following no symlink, so that a command cannot point it out of the sandbox.
+            directory, opened = open_working_directory(state, "cwd", cwd)
+        try:
+            if state.jail is None:
+                # Through the descriptor, not by name: the directory checked, even if a command
+                # has swapped a symlink in for it since.
+                on_host = directory if opened is None else Path(f"/proc/self/fd/{opened}")
+                argv, cwd_on_host = ["/bin/sh", "-c", command], on_host
+            else:
+                # bwrap changes to the directory inside the command's own mount namespace, where
+                # a symlink swapped in since the check leads only to what the command sees anyway.
+                assert state.tmp is not None  # made with the jail
+                mounts = _bwrap.mounts(state.root, state.tmp, self._network, self._read_only_paths)
+                argv = _bwrap.command_argv(state.jail, mounts, self._network, directory, command)
+                cwd_on_host = state.root
+            return await run_command(
+                state,
+                argv,
+                cwd=cwd_on_host,
+                env=command_env,
+                timeout=timeout,
+                max_output=self._max_output,
+                pass_fds=() if state.jail is None else state.jail.fds,
+            )
+        finally:
+            if opened is not None:
+                os.close(opened)
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
-        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made)."""
+        """Copy local ``source_path`` to ``target_path`` inside the sandbox (parents made).
+
+        Every component of ``target_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        target = inside(state, "target_path", target_path)
-
-        def copy() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source_path, target)
-
-        await asyncio.to_thread(copy)
+        await asyncio.to_thread(upload, state, Path(source_path), "target_path", target_path)
 
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path
     ) -> None:
-        """Copy ``source_path`` from inside the sandbox to local ``target_path``."""
+        """Copy ``source_path`` from inside the sandbox to local ``target_path``.
+
+        Every component of ``source_path`` is opened following no symlink: a path outside the
+        sandbox, or through a symlink in it, raises ``ValueError`` (``_transfers``)."""
         state = self._open(handle)
-        source = inside(state, "source_path", source_path)
-        await asyncio.to_thread(shutil.copyfile, source, target_path)
+        await asyncio.to_thread(download, state, "source_path", source_path, Path(target_path))
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """``RUNNING`` while open, ``STOPPED`` once closed, ``UNKNOWN`` for a foreign handle,
@@ -331,15 +447,17 @@ class ProcessSandboxProvider:
         for directory in (state.root, state.tmp):
             if directory is not None:
                 await asyncio.to_thread(shutil.rmtree, directory, True)
+        if state.disk is not None:
+            await self._remove_disk(state.disk)
 
     async def aclose(self) -> None:
         """Close every sandbox still open and drop the (empty) cgroup parents."""
         for sandbox_id in list(self._sandboxes):
             await self.close(SandboxHandle(sandbox_id, self.name, None))
         if self._layout is not None:
-            for mount in set(self._layout.mounts.values()):
+            for base in set(self._layout.bases.values()):
                 with contextlib.suppress(OSError):
-                    (mount / self._cgroup_parent).rmdir()
+                    (base / self._cgroup_parent).rmdir()
 
     # --- ResourceProvider ---------------------------------------------------------------------
 
@@ -350,17 +468,25 @@ class ProcessSandboxProvider:
         parents every command), and no limits.
         """
         state = self._open(handle)
+        disk_gib = None if state.disk is None else _disk.limit_gib(state.disk)
         if state.cgroup is None:
             return ResourceAllocation(
                 source="process",
-                components=(ComponentAllocation(_COMPONENT),),
+                components=(
+                    ComponentAllocation(
+                        _COMPONENT, limits=SandboxResourceAmounts(disk_gib=disk_gib)
+                    ),
+                ),
                 designator=ResourceDesignator("process", str(os.getpid()), self._boot_id),
                 host=self._host,
             )
-        limits = _cgroups.cgroup_limits(state.cgroup)
+        enforced = _cgroups.cgroup_limits(state.cgroup)
         pids = _cgroups.pids_limit(state.cgroup)
-        if pids is not None:
-            limits = ContainerResourceAmounts(limits.cpu, limits.memory_mib, pids=pids)
+        limits = (
+            SandboxResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib)
+            if pids is None
+            else ContainerResourceAmounts(enforced.cpu, enforced.memory_mib, disk_gib, pids=pids)
+        )
         return ResourceAllocation(
             source=f"cgroup.v{state.cgroup.version}",
             components=(ComponentAllocation(_COMPONENT, limits=limits),),

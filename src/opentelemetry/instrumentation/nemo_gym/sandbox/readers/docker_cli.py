@@ -31,6 +31,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import within_total
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
     allocation_from_inspect,
     daemon_scope,
@@ -76,9 +77,14 @@ def _bytes_of(text: object) -> int | None:
 
 def sample_from_cli_stats(stats: Mapping[str, Any]) -> dict[str, Attribute]:
     """Usage attributes from one ``stats --format '{{json .}}'`` line: memory (the first half
-    of ``MemUsage``) and pids; absent or unreadable fields are omitted, never 0."""
+    of ``MemUsage``) and pids; absent or unreadable fields are omitted, never 0. Memory above
+    ``MemUsage``'s second half (the limit, else the host's memory) is impossible and dropped
+    (``within_total``: logged once)."""
     sample: dict[str, Attribute] = {}
-    memory = _bytes_of(str(stats.get("MemUsage", "")).split("/")[0])
+    used, _, limit = str(stats.get("MemUsage", "")).partition("/")
+    memory = _bytes_of(used)
+    if memory is not None:
+        memory = within_total("usage.memory_mib", memory, _bytes_of(limit), "memory limit")
     if memory is not None:
         sample["usage.memory_mib"] = memory / MIB
     pids = stats.get("PIDs", stats.get("PIDS"))

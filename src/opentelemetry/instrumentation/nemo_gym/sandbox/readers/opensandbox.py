@@ -39,25 +39,30 @@ sampling interval) and bounded, and run beside the provider's calls, never in fr
 
 Identity: the allocation's designator is ``opensandbox.sandbox`` with the sandbox id (the
 ``nemo.gym.sandbox.id`` of every span of that sandbox), scoped by the server it belongs to
-(``host:port`` of the provider's ``connection.domain``; never the key). Co-located, its
-``host`` designator is the container (``container`` with the engine's ID, scoped by the
-daemon).
+(``host:port`` of the provider's ``connection.domain``; never the key: ``server_scope``, from
+``_server_scope``). The sandbox state keys the sandbox by that scope too, so two servers'
+sandboxes with one id stay two sandboxes. Co-located, its ``host`` designator is the container
+(``container`` with the engine's ID, scoped by the daemon).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ResourceAllocation,
     ResourceDesignator,
     ResourcesUnknown,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import within_total
+from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import (
+    opensandbox_server_scope as server_scope,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of
@@ -81,6 +86,8 @@ ID_LABEL = "opensandbox.io/id"
 METRICS_SOURCE = "opensandbox.metrics"
 DESIGNATOR_KIND = "opensandbox.sandbox"
 METRICS_TIMEOUT_S = 3.0
+CPU_PERCENT = "usage.opensandbox.cpu_used_percent"
+MEMORY_USED = "usage.opensandbox.memory_used_mib"
 
 CONTAINER_NOT_FOUND = "container_not_found"
 ENGINE_UNREACHABLE = "engine_unreachable"
@@ -89,23 +96,6 @@ NO_SDK_SANDBOX = "opensandbox.no_sdk_sandbox"
 
 # NeMo Gym's provider's own test for an OOM-killed sandbox in its status (reason, message).
 _OOM = re.compile(r"\boom[\s_-]*killed\b|\bout of memory\b", re.IGNORECASE)
-
-
-def server_scope(provider: object) -> str | None:
-    """``host:port`` of the provider's OpenSandbox server (``connection.domain``, with or
-    without a scheme), or ``None``. Never user-info, a path or a query."""
-    domain = getattr(getattr(provider, "_connection", None), "domain", None)
-    if not isinstance(domain, str) or not domain.strip():
-        return None
-    domain = domain.strip()
-    try:
-        parts = urlsplit(domain if "://" in domain else f"http://{domain}")
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return None
-    if not host:
-        return None
-    return f"{host}:{port}" if port is not None else host
 
 
 def reason_of(exc: BaseException) -> str:
@@ -156,6 +146,8 @@ class OpenSandboxReader:
 
     def __init__(self, provider: object) -> None:
         self._scope = server_scope(provider)
+        # The server its sandboxes' ids are unique within: its samplers key them by it.
+        self.server_scope = self._scope
         # The engine path is docker_cli's own reader, given the container's engine ID.
         self._docker = DockerCliReader(provider)
         self._binary = self._docker._binary
@@ -327,20 +319,43 @@ def _sample_from_metrics(metrics: object) -> dict[str, Attribute]:
     Not ``usage.memory_mib``: with the Docker runtime execd reads them from the ``/proc`` it
     sees, the host's (measured: the host's used memory and CPU busy percentage, for a 64 MiB,
     0.5-CPU sandbox), so they must not feed the sandbox's memory figures. ``cpu_count`` and
-    ``memory_total_in_mib`` are left out: the host's cores and memory, never an allocation."""
+    ``memory_total_in_mib`` are left out: the host's cores and memory, never an allocation.
+
+    They bound the figures all the same: a CPU percentage above ``100 * cpu_count`` (100 when
+    the answer gives no CPU count of at least one) or memory above ``memory_total_in_mib`` is
+    impossible and dropped (``within_total``: logged once, as a NaN or negative is)."""
     sample: dict[str, Attribute] = {"usage.source": METRICS_SOURCE}
-    cpu = getattr(metrics, "cpu_used_percentage", None)
-    memory = getattr(metrics, "memory_used_in_mib", None)
-    if isinstance(cpu, int | float) and not isinstance(cpu, bool):
-        sample["usage.opensandbox.cpu_used_percent"] = float(cpu)
-    if isinstance(memory, int | float) and not isinstance(memory, bool):
-        sample["usage.opensandbox.memory_used_mib"] = float(memory)
+    cpu = _number(getattr(metrics, "cpu_used_percentage", None))
+    memory = _number(getattr(metrics, "memory_used_in_mib", None))
+    if cpu is not None:
+        cpu = within_total(CPU_PERCENT, cpu, _percent_bound(metrics), "100 x cpu_count")
+    if cpu is not None:
+        sample[CPU_PERCENT] = cpu
+    if memory is not None:
+        total = _number(getattr(metrics, "memory_total_in_mib", None))
+        memory = within_total(MEMORY_USED, memory, total, "memory_total_in_mib")
+    if memory is not None:
+        sample[MEMORY_USED] = memory
     # When execd measured them (a sample may carry the answer of a call made since the
     # previous sample).
     timestamp = getattr(metrics, "timestamp", None)
     if isinstance(timestamp, int) and not isinstance(timestamp, bool):
         sample["usage.opensandbox.timestamp_ms"] = timestamp
     return sample
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a number (not a bool), else ``None``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _percent_bound(metrics: object) -> float:
+    """The most ``cpu_used_percentage`` can be: 100 per CPU of the answer's ``cpu_count``, or
+    100 (the percentage's own range, as the SDK documents it) without a count of at least 1."""
+    count = _number(getattr(metrics, "cpu_count", None))
+    return 100.0 * count if count is not None and 1 <= count < math.inf else 100.0
 
 
 def _container_handle(container: str) -> SandboxHandle:
