@@ -145,8 +145,9 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
 
     ``allocation.source``, ``allocation.designator.{kind,id,scope}``,
     ``allocation.host.{kind,id,scope}`` (absent parts omitted), ``allocation.components``
-    (names, in order) and, per component, ``allocation.component.<name>.requests.<quantity>``
-    and ``.limits.<quantity>`` under the rules of ``amount_attributes``.
+    (names, in order), per component, ``allocation.component.<name>.requests.<quantity>``
+    and ``.limits.<quantity>`` under the rules of ``amount_attributes``, and
+    ``allocation.placement.<name>`` for each placement the allocation names.
     """
     prefix = PREFIX + "allocation."
     attributes: dict[str, Attribute] = {prefix + "source": allocation.source}
@@ -157,6 +158,8 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
         base = f"{prefix}component.{component.name}."
         attributes.update(amount_attributes(component.requests, base + "requests."))
         attributes.update(amount_attributes(component.limits, base + "limits."))
+    for name, value in allocation.placement.items():
+        attributes[f"{prefix}placement.{name}"] = value
     return attributes
 
 
