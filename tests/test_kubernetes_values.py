@@ -8,7 +8,7 @@ import pytest
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     ComponentAllocation,
-    ResourceAllocation,
+    PlacedAllocation,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import allocation_attributes
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxResourceAmounts
@@ -106,10 +106,10 @@ def test_server_scope_is_host_and_port() -> None:
     assert server_scope("not a url") is None
 
 
-def test_resource_allocation_placement_recorded_and_checked() -> None:
+def test_placed_allocation_placement_recorded_and_checked() -> None:
     """Placement names become allocation.placement.<name>; a bad name or a credential in a
     value raises ValueError naming it."""
-    allocation = ResourceAllocation(
+    allocation = PlacedAllocation(
         "kubernetes.pod",
         (ComponentAllocation("sandbox"),),
         placement={"qos_class": "Guaranteed", "node": "n1"},
@@ -118,11 +118,11 @@ def test_resource_allocation_placement_recorded_and_checked() -> None:
     assert attributes["nemo.gym.sandbox.allocation.placement.qos_class"] == "Guaranteed"
     assert attributes["nemo.gym.sandbox.allocation.placement.node"] == "n1"
     with pytest.raises(ValueError, match="placement name 'QoS'"):
-        ResourceAllocation("x", placement={"QoS": "Guaranteed"})
+        PlacedAllocation("x", placement={"QoS": "Guaranteed"})
     with pytest.raises(ValueError, match="placement node carries a secret-named parameter"):
-        ResourceAllocation("x", placement={"node": "n1?token=abc"})
+        PlacedAllocation("x", placement={"node": "n1?token=abc"})
     with pytest.raises(ValueError, match="placement node must be a string, not int"):
-        ResourceAllocation("x", placement={"node": 3})  # type: ignore[dict-item]
+        PlacedAllocation("x", placement={"node": 3})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(

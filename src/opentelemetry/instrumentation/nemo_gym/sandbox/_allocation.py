@@ -173,19 +173,12 @@ _PLACEMENT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @dataclass(frozen=True)
 class ResourceAllocation:
-    """Provider-independent allocation record; placement is optional.
-
-    ``placement`` holds what else says where and how the sandbox was placed, as the
-    infrastructure names it (a Kubernetes pod's ``qos_class``, ``namespace``, ``pod``, ``node``):
-    names of lower-case words, string values, recorded as ``allocation.placement.<name>``. A
-    value carrying a credential raises ``ValueError``, as a designator's does.
-    """
+    """Provider-independent allocation record; placement is optional."""
 
     source: str
     components: tuple[ComponentAllocation, ...] = ()
     designator: ResourceDesignator | None = None
     host: ResourceDesignator | None = None
-    placement: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -207,6 +200,21 @@ class ResourceAllocation:
                 raise ValueError(
                     f"resource allocation {name} must be a ResourceDesignator or None, not {kind}"
                 )
+
+
+@dataclass(frozen=True)
+class PlacedAllocation(ResourceAllocation):
+    """A ``ResourceAllocation`` that also names how the sandbox was placed, as the
+    infrastructure names it (a Kubernetes pod's ``namespace``, ``pod``, ``node`` and
+    ``qos_class``), recorded as ``allocation.placement.<name>``. Not part of page 000's API: a
+    reader's answer, read by the record like any allocation. Names are lower-case words joined
+    by ``_``, values strings; a value carrying a credential raises ``ValueError``, as a
+    designator's does."""
+
+    placement: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         placement = dict(self.placement)
         for name, value in placement.items():
             if not isinstance(name, str) or not _PLACEMENT_NAME.match(name):

@@ -17,6 +17,7 @@ from typing import cast
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     PREFIX,
     Attribute,
+    PlacedAllocation,
     ResourceAllocation,
     ResourceDesignator,
 )
@@ -147,7 +148,7 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
     ``allocation.host.{kind,id,scope}`` (absent parts omitted), ``allocation.components``
     (names, in order), per component, ``allocation.component.<name>.requests.<quantity>``
     and ``.limits.<quantity>`` under the rules of ``amount_attributes``, and
-    ``allocation.placement.<name>`` for each placement the allocation names.
+    ``allocation.placement.<name>`` for each placement a ``PlacedAllocation`` names.
     """
     prefix = PREFIX + "allocation."
     attributes: dict[str, Attribute] = {prefix + "source": allocation.source}
@@ -158,8 +159,9 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
         base = f"{prefix}component.{component.name}."
         attributes.update(amount_attributes(component.requests, base + "requests."))
         attributes.update(amount_attributes(component.limits, base + "limits."))
-    for name, value in allocation.placement.items():
-        attributes[f"{prefix}placement.{name}"] = value
+    if isinstance(allocation, PlacedAllocation):
+        for name, value in allocation.placement.items():
+            attributes[f"{prefix}placement.{name}"] = value
     return attributes
 
 

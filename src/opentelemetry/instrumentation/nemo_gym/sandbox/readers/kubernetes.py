@@ -61,7 +61,7 @@ from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
     ComponentAllocation,
-    ResourceAllocation,
+    PlacedAllocation,
     ResourceDesignator,
     ResourcesUnknown,
 )
@@ -308,7 +308,7 @@ class KubernetesReader:
 
     async def resource_allocation(
         self, handle: SandboxHandle
-    ) -> ResourceAllocation | ResourcesUnknown:
+    ) -> PlacedAllocation | ResourcesUnknown:
         """The pod's requests and limits, placed on its node; unknown with the reason when the
         pod cannot be read."""
         found = await self._pod(str(handle.sandbox_id))
@@ -334,7 +334,7 @@ class KubernetesReader:
             placement["node"] = node
         if pod.status is not None and pod.status.qosClass:
             placement["qos_class"] = pod.status.qosClass
-        return ResourceAllocation(
+        return PlacedAllocation(
             source=POD_SOURCE,
             components=(
                 ComponentAllocation(
