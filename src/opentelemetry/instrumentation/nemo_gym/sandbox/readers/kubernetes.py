@@ -115,6 +115,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A restarted watch after a failure waits this long first, so a down API server is asked
 # about once per this many seconds, not in a loop.
 RELIST_DELAY_S = 5.0
+FORBIDDEN_RELIST_DELAY_S = 60.0
 # The API server ends a watch after this many seconds; lightkube starts the next at once.
 WATCH_SERVER_TIMEOUT_S = 300
 
@@ -303,6 +304,8 @@ class KubernetesReader:
         self._summaries: dict[str, _Summary] = {}
         self._watch: asyncio.Task[None] | None = None
         self._synced: asyncio.Event | None = None
+        # Why the last list of the index failed (None: it answered).
+        self._index_error: str | None = None
 
     # --- the reads ------------------------------------------------------------------------
 
@@ -495,14 +498,16 @@ class KubernetesReader:
         if known is not None:
             return known
         if sandbox_id in self._looked_up:
-            return ResourcesUnknown(POD_NOT_FOUND)
+            # Looked up once already: from now on only the index tells (and why it cannot).
+            return ResourcesUnknown(self._index_error or POD_NOT_FOUND)
+        self._looked_up.add(sandbox_id)
         try:
             pods = await self._list({self.label: sandbox_id}, "lookup")
         except asyncio.CancelledError:
+            self._looked_up.discard(sandbox_id)
             raise
         except Exception as exc:  # noqa: BLE001 - a failed read is an unknown record
             return ResourcesUnknown(self._failed("list pods", exc))
-        self._looked_up.add(sandbox_id)
         known = self._pods.get(sandbox_id)  # the watch may have brought it meanwhile
         if known is None and pods:
             known = self._pods[sandbox_id] = _Pod(_newest(pods))
@@ -541,6 +546,7 @@ class KubernetesReader:
                 for key, known in self._pods.items():
                     if key not in seen:
                         known.deleted = True
+                self._index_error = None
                 synced.set()
                 self.calls["watch"] += 1
                 async for kind, pod in self._client.watch(
@@ -554,9 +560,11 @@ class KubernetesReader:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the index keeps what it knew
-                self._failed("list and watch pods", exc)
+                self._index_error = self._failed("list and watch pods", exc)
             synced.set()
-            await asyncio.sleep(RELIST_DELAY_S)
+            # A permission is not given back soon: ask about once a minute, not every moment.
+            forbidden = self._index_error in (FORBIDDEN, UNAUTHORIZED)
+            await asyncio.sleep(FORBIDDEN_RELIST_DELAY_S if forbidden else RELIST_DELAY_S)
 
     def _apply(self, kind: str, pod: Any) -> str:
         """One pod from the list or the watch into the index; its label's value."""
