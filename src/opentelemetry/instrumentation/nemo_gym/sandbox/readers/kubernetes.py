@@ -322,14 +322,19 @@ class KubernetesReader:
         if container is None:
             return ResourcesUnknown(CONTAINER_NOT_FOUND)
         status = self._status_of(pod, container.name)
-        # What the kubelet applied (in-place resize) wins over the spec, where it is reported.
+        # What the kubelet applied (in-place resize) wins over the spec, resource by resource,
+        # where it reports it (it may report cpu and memory only).
         applied = getattr(status, "resources", None)
-        requests = (
-            getattr(status, "allocatedResources", None)
-            or getattr(applied, "requests", None)
-            or getattr(container.resources, "requests", None)
-        )
-        limits = getattr(applied, "limits", None) or getattr(container.resources, "limits", None)
+        spec = container.resources
+        requests = {
+            **(getattr(spec, "requests", None) or {}),
+            **(getattr(applied, "requests", None) or {}),
+            **(getattr(status, "allocatedResources", None) or {}),
+        }
+        limits = {
+            **(getattr(spec, "limits", None) or {}),
+            **(getattr(applied, "limits", None) or {}),
+        }
         scope = self._scope()
         node = pod.spec.nodeName
         placement = {"namespace": pod.metadata.namespace, "pod": pod.metadata.name}
@@ -398,9 +403,17 @@ class KubernetesReader:
             self._pods.clear()
 
     async def aclose(self) -> None:
-        """Stop the watch and close the HTTP clients."""
+        """Stop the watch and the summary calls in flight, and close the HTTP clients."""
+        tasks: list[asyncio.Task[Any]] = [
+            s.call for s in self._summaries.values() if not s.call.done()
+        ]
         if self._watch is not None:
-            self._watch.cancel()
+            tasks.append(self._watch)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # wait(), not gather(): their cancellation is theirs, never this caller's.
+            await asyncio.wait(tasks)
         for client in self._kubelets.values():
             await client.aclose()
         if self._client is not None:
