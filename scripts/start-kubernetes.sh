@@ -33,7 +33,9 @@
 # `--stop` ends what this state folder started, and nothing else: a process counts as ours only
 # while it has the start time the kernel gave it at our start (a reused PID has another) and
 # runs the binary recorded then. It also removes the pods' containers (they are containerd's
-# children), the network namespace, and puts back the host settings.
+# children), the network namespace, the kubelet's cgroups and the host folders the kubelet and
+# containerd made (/var/lib/kubelet, /var/log/containers, /run/containerd) where they were not
+# there before, and puts back the host settings.
 #
 # Environment (all optional):
 #   NEMO_GYM_KUBERNETES_DIR    state folder (default <checkout>/.kubernetes, gitignored)
@@ -196,6 +198,9 @@ PORT_FILE="$STATE/apiserver.port"
 SYSCTL_FILE="$STATE/host-sysctls"
 # The host settings the kubelet changes (pkg/kubelet/cm: setupKernelTunables).
 HOST_SYSCTLS="vm.overcommit_memory kernel.panic kernel.panic_on_oops"
+# Made on the host by the kubelet (its device plugin socket, its links to the pods' logs) and
+# by containerd (its shims' sockets), whatever their configuration says.
+HOST_FOLDERS="/var/lib/kubelet /var/log/containers /run/containerd"
 # Started in this order, stopped in the reverse one.
 COMPONENTS="etcd kube-apiserver forward kube-controller-manager kube-scheduler containerd kubelet"
 
@@ -287,6 +292,16 @@ stop_cluster() {
   if [ -f "$STATE/kubepods-ours" ]; then
     find /sys/fs/cgroup -depth -type d -path '*/kubepods*' -exec rmdir {} \; 2>/dev/null || true
     rm -f "$STATE/kubepods-ours"
+  fi
+  # The kubelet's links to our pods' logs, its device plugin socket; then the host folders it
+  # and containerd made, where they are empty (emptied of ours) and were not there before.
+  find /var/log/containers -maxdepth 1 -type l -lname "$STATE/*" -delete 2>/dev/null || true
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  if [ -f "$STATE/host-folders-ours" ]; then
+    while read -r folder; do
+      [ -d "$folder" ] && find "$folder" -depth -type d -empty -delete 2>/dev/null
+    done <"$STATE/host-folders-ours"
+    rm -f "$STATE/host-folders-ours"
   fi
   if [ -f "$SYSCTL_FILE" ]; then
     while read -r name value; do
@@ -460,6 +475,12 @@ if [ ! -f "$SYSCTL_FILE" ]; then
   mv "$SYSCTL_FILE.tmp" "$SYSCTL_FILE"
 fi
 [ -d /sys/fs/cgroup/memory/kubepods ] || [ -d /sys/fs/cgroup/kubepods ] || touch "$STATE/kubepods-ours"
+# Host folders the kubelet and containerd make whatever their configuration says: removed by
+# --stop when they were not there before (what it leaves in them is named in stop_cluster).
+for folder in $HOST_FOLDERS; do
+  [ -e "$folder" ] || grep -qxF "$folder" "$STATE/host-folders-ours" 2>/dev/null ||
+    echo "$folder" >>"$STATE/host-folders-ours"
+done
 
 # 5. The components, each waited for before the next.
 rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/pod-logs" "$STATE/cni/ipam"
