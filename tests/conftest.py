@@ -77,6 +77,28 @@ def _python312_where_the_deployment_page_looks() -> str | None:
     return f"no Python 3.12 in {pyenv}/versions/3.12.* or /usr/bin (pyenv install 3.12)"
 
 
+def _kubernetes_cluster() -> str | None:
+    # scripts/start-kubernetes.sh's cluster, and this process inside its network namespace:
+    # the reader reads the kubelet at the node's address, 192.0.2.1, which is only there.
+    run = (
+        'eval "$(bash scripts/start-kubernetes.sh --env)" && nsenter '
+        '--net="$NEMO_GYM_KUBERNETES_NETNS" .venv/bin/python -m pytest -m kubernetes '
+        "tests/test_kubernetes_reader.py"
+    )
+    if importlib.util.find_spec("lightkube") is None:
+        return f"lightkube is not installed (the test extra has it: bash scripts/test.sh); {run}"
+    kubeconfig, netns = os.environ.get("KUBECONFIG"), os.environ.get("NEMO_GYM_KUBERNETES_NETNS")
+    if not kubeconfig or not Path(kubeconfig).is_file() or not netns:
+        return f"KUBECONFIG and NEMO_GYM_KUBERNETES_NETNS are not set to a started cluster; {run}"
+    try:
+        inside = os.stat("/proc/self/ns/net").st_ino == os.stat(netns).st_ino
+    except OSError as error:
+        return f"the cluster's network namespace {netns} is not there ({error}); {run}"
+    if not inside:
+        return f"this process is not inside the cluster's network namespace {netns}; {run}"
+    return None
+
+
 def _nothing_beyond_services() -> str | None:
     return None  # its services are checked where they are used, by require_service
 
@@ -133,6 +155,13 @@ SECTIONS: dict[str, Section] = {
         "server's execd (scripts/start-opensandbox.sh, which the tests run); run: "
         ".venv-nemo-gym-main/bin/python -m pytest -s -m opensandbox tests/test_opensandbox.py",
         _importable("opensandbox", "bash scripts/nemo-gym-main-env.sh"),
+    ),
+    "kubernetes": Section(
+        "needs the single-node cluster of scripts/start-kubernetes.sh and runs inside its "
+        'network namespace; run: eval "$(bash scripts/start-kubernetes.sh --env)" && '
+        'nsenter --net="$NEMO_GYM_KUBERNETES_NETNS" .venv/bin/python -m pytest -m kubernetes '
+        "tests/test_kubernetes_reader.py",
+        _kubernetes_cluster,
     ),
 }
 

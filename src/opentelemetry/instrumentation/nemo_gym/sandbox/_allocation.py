@@ -82,7 +82,7 @@ def _credential_kind(value: str) -> str | None:
     return None
 
 
-def _refuse_credentials(field_name: str, value: str) -> None:
+def _refuse_credentials(field_name: str, value: str, owner: str = "resource designator") -> None:
     """Raise ``ValueError`` when ``value`` looks like it carries a credential.
 
     The message names the field and the kind of thing found, never the value itself: it may be
@@ -91,7 +91,7 @@ def _refuse_credentials(field_name: str, value: str) -> None:
     kind = _credential_kind(value)
     if kind is not None:
         raise ValueError(
-            f"resource designator {field_name} carries {kind}; a designator is an opaque "
+            f"{owner} {field_name} carries {kind}; a designator or placement is an opaque "
             "identity, never an endpoint or a secret (value not shown)"
         )
 
@@ -167,6 +167,10 @@ class ComponentAllocation:
         object.__setattr__(self, "limits", _amounts("limits", self.limits))
 
 
+# A placement name: lower-case words joined by "_" (it becomes an attribute key's last part).
+_PLACEMENT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
 @dataclass(frozen=True)
 class ResourceAllocation:
     """Provider-independent allocation record; placement is optional."""
@@ -196,6 +200,35 @@ class ResourceAllocation:
                 raise ValueError(
                     f"resource allocation {name} must be a ResourceDesignator or None, not {kind}"
                 )
+
+
+@dataclass(frozen=True)
+class PlacedAllocation(ResourceAllocation):
+    """A ``ResourceAllocation`` that also names how the sandbox was placed, as the
+    infrastructure names it (a Kubernetes pod's ``namespace``, ``pod``, ``node`` and
+    ``qos_class``), recorded as ``allocation.placement.<name>``. Not part of page 000's API: a
+    reader's answer, read by the record like any allocation. Names are lower-case words joined
+    by ``_``, values strings; a value carrying a credential raises ``ValueError``, as a
+    designator's does."""
+
+    placement: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        placement = dict(self.placement)
+        for name, value in placement.items():
+            if not isinstance(name, str) or not _PLACEMENT_NAME.match(name):
+                raise ValueError(
+                    f"resource allocation placement name {name!r} must be lower-case words "
+                    "joined by '_'"
+                )
+            if not isinstance(value, str):
+                kind = type(value).__name__
+                raise ValueError(  # noqa: TRY004 - one exception type for a wrong value
+                    f"resource allocation placement {name} must be a string, not {kind}"
+                )
+            _refuse_credentials(name, value, "resource allocation placement")
+        object.__setattr__(self, "placement", placement)
 
 
 @runtime_checkable

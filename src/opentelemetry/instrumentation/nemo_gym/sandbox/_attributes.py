@@ -17,6 +17,7 @@ from typing import TypeVar, cast
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     PREFIX,
     Attribute,
+    PlacedAllocation,
     ResourceAllocation,
     ResourceDesignator,
 )
@@ -146,8 +147,9 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
 
     ``allocation.source``, ``allocation.designator.{kind,id,scope}``,
     ``allocation.host.{kind,id,scope}`` (absent parts omitted), ``allocation.components``
-    (names, in order) and, per component, ``allocation.component.<name>.requests.<quantity>``
-    and ``.limits.<quantity>`` under the rules of ``amount_attributes``.
+    (names, in order), per component, ``allocation.component.<name>.requests.<quantity>``
+    and ``.limits.<quantity>`` under the rules of ``amount_attributes``, and
+    ``allocation.placement.<name>`` for each placement a ``PlacedAllocation`` names.
     """
     prefix = PREFIX + "allocation."
     attributes: dict[str, Attribute] = {prefix + "source": allocation.source}
@@ -158,6 +160,9 @@ def allocation_attributes(allocation: ResourceAllocation) -> dict[str, Attribute
         base = f"{prefix}component.{component.name}."
         attributes.update(amount_attributes(component.requests, base + "requests."))
         attributes.update(amount_attributes(component.limits, base + "limits."))
+    if isinstance(allocation, PlacedAllocation):
+        for name, value in allocation.placement.items():
+            attributes[f"{prefix}placement.{name}"] = value
     return attributes
 
 
