@@ -53,6 +53,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.nemo_gym._shared._exit_flush import (
     flush_at_exit,
     flush_at_sigterm,
+    stop_flush_at_exit,
     stop_flush_at_sigterm,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._exporting import (
@@ -143,6 +144,7 @@ from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
 from opentelemetry.instrumentation.nemo_gym.ray import _runs_setup_worker
 from opentelemetry.instrumentation.nemo_gym.ray._propagation import RayPropagation
 from opentelemetry.instrumentation.nemo_gym.resource_detector import (
+    RUN_ID_VARIABLE,
     begin_run,
     in_ray_system_process,
 )
@@ -226,28 +228,93 @@ def _install(patches: list[_Installed], make: Callable[[], _Installed], what: st
         logger.exception("nemo_gym: %s failed; skipped", what)
 
 
-_STDERR_HANDLER: logging.Handler | None = None
-
-
-def _show_own_lines(level: int | None) -> None:
-    """Print this package's log lines at ``level`` and above to stderr (``None``: leave it).
+class _OwnLines:
+    """This package's log lines at ``level`` and above printed to stderr, while installed.
 
     For processes whose logging nobody configures, NeMo Gym's servers among them: there the
-    status line and the capacity report (INFO) would otherwise never be seen. The handler is
-    installed once; the lines stop propagating, so a configured root logger does not print
-    them twice.
+    status line and the capacity report (INFO) would otherwise never be seen. The lines stop
+    propagating, so a configured root logger does not print them twice. ``uninstall()`` takes
+    the handler off and gives the package's logger back its level and propagation.
     """
-    global _STDERR_HANDLER
-    if level is None:
-        return
-    package = logging.getLogger(__name__)
-    if _STDERR_HANDLER is None:
-        _STDERR_HANDLER = logging.StreamHandler()  # sys.stderr, looked up at each line
-        _STDERR_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        package.addHandler(_STDERR_HANDLER)
-    _STDERR_HANDLER.setLevel(level)
-    package.setLevel(level)
-    package.propagate = False
+
+    def __init__(self, level: int) -> None:
+        self._level = level
+        self._handler: logging.Handler | None = None
+        self._before: tuple[int, bool] | None = None
+
+    def install(self) -> None:
+        package = logging.getLogger(__name__)
+        if self._handler is not None:
+            return
+        self._before = (package.level, package.propagate)
+        self._handler = logging.StreamHandler()  # sys.stderr, looked up at each line
+        self._handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self._handler.setLevel(self._level)
+        package.addHandler(self._handler)
+        package.setLevel(self._level)
+        package.propagate = False
+
+    def uninstall(self) -> None:
+        handler, self._handler = self._handler, None
+        if handler is None:
+            return
+        package = logging.getLogger(__name__)
+        package.removeHandler(handler)
+        if self._before is not None:
+            level, propagate = self._before
+            package.setLevel(level)
+            package.propagate = propagate
+
+
+class _RunBegun:
+    """NeMo Gym's command line begins a run (``begin_run``): the servers it spawns while
+    instrumented share its id. ``uninstall()`` takes the variable out again where it still
+    holds the id written here, so the environment is as ``instrument()`` found it."""
+
+    def __init__(self) -> None:
+        self._written: str | None = None
+
+    def install(self) -> None:
+        self._written = begin_run(os.environ, sys.argv)
+
+    def uninstall(self) -> None:
+        written, self._written = self._written, None
+        if written is not None and os.environ.get(RUN_ID_VARIABLE) == written:
+            del os.environ[RUN_ID_VARIABLE]
+
+
+class _PoolPatch:
+    """The ``TCPConnector`` construction patch and where directly built timed connectors
+    record (``_bind_instrumented_telemetry``), installed and taken off together."""
+
+    def __init__(
+        self, patch: TCPConnectorPatch, current: Callable[[], PoolTelemetry | None] | None
+    ) -> None:
+        self._patch = patch
+        self._current = current
+
+    def install(self) -> None:
+        self._patch.install()
+        _bind_instrumented_telemetry(self._current)
+
+    def uninstall(self) -> None:
+        _bind_instrumented_telemetry(None)
+        self._patch.uninstall()
+
+
+class _SigtermFlush:
+    """The SIGTERM handler that exports the last counts (``flush_at_sigterm``); ``uninstall()``
+    gives SIGTERM back the handler it had, where ours is still the one set."""
+
+    def __init__(self) -> None:
+        self._previous: object = None
+
+    def install(self) -> None:
+        self._previous = flush_at_sigterm()
+
+    def uninstall(self) -> None:
+        previous, self._previous = self._previous, None
+        stop_flush_at_sigterm(previous)
 
 
 def _start_pressure_in_running_loop(provider: metrics.MeterProvider) -> None:
@@ -271,7 +338,6 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     second object is an instance of a subclass; each keeps and removes only its own patches.
     """
 
-    _pool_patch: TCPConnectorPatch | None = None
     _sandbox_state: Any = None
     # Installed in this order, taken off in the reverse one (Patch, RayPropagation).
     _patches: tuple[_Installed, ...] = ()
@@ -333,17 +399,17 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
-        try:
-            # NeMo Gym's command line begins a run: the servers it spawns from now on share it.
-            begin_run(os.environ, sys.argv)
-        except Exception:
-            logger.exception("nemo_gym: beginning the run's id failed")
         patches: list[_Installed] = []
         self._patches = ()
+        # NeMo Gym's command line begins a run: the servers it spawns from now on share it.
+        _install(patches, _RunBegun, "beginning the run's id")
         try:
-            _show_own_lines(_log_level())
+            level = _log_level()
         except Exception:
-            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
+            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be read")
+            level = None
+        if level is not None:
+            _install(patches, lambda: _OwnLines(level), "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL")
         # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
         # whatever the pressure setting: uvicorn may leak one request's context into the next.
         _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
@@ -355,10 +421,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 "pressure instrumentation",
             )
         if connection_pool:
-            try:
-                self._instrument_connection_pool(kwargs.get("meter_provider"), pressure)
-            except Exception:
-                logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
+            meter_provider = kwargs.get("meter_provider")
+            _install(
+                patches,
+                lambda: self._instrument_connection_pool(meter_provider, pressure),
+                "connection-pool instrumentation",
+            )
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
             _install(patches, _server_label_patch, "ServerClient labelling")
         if sandbox_resources:
@@ -391,10 +459,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             ),
             "carrying the trace context into Ray tasks",
         )
-        self._patches = tuple(patches)
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
-            flush_at_sigterm()
+            _install(patches, _SigtermFlush, "exporting the last counts at SIGTERM")
+        self._patches = tuple(patches)
         try:
             # One INFO line: which capabilities are on, and why not.
             _log_status(
@@ -425,7 +493,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument_connection_pool(
         self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
-    ) -> None:
+    ) -> _Installed:
+        """The pool's construction patch and its telemetry, for ``_install`` to put on."""
         max_server_names = _max_server_names()
         max_destinations = _max_destinations()
         semconv_mode = _semconv_http_mode()
@@ -489,9 +558,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 _intended_concurrency_per_host(),
             ),
         )
-        patch.install()
-        self._pool_patch = patch
-        _bind_instrumented_telemetry(current)
+        return _PoolPatch(patch, current)
 
     def _instrument_sandbox(
         self,
@@ -513,7 +580,6 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _nemo_gym_provider_patch(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        stop_flush_at_sigterm()
         patches, self._patches = self._patches, ()
         for patch in reversed(patches):
             try:
@@ -524,13 +590,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _stop_pressure()
         except Exception:
             logger.exception("nemo_gym: stopping the pressure metrics failed")
-        try:
-            if self._pool_patch is not None:
-                self._pool_patch.uninstall()
-                self._pool_patch = None
-            _bind_instrumented_telemetry(None)
-        except Exception:
-            logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
+        # Registered lazily (at the first timed connector or uvicorn server), for any provider.
+        stop_flush_at_exit()
         try:
             state, self._sandbox_state = self._sandbox_state, None
             if state is not None:
