@@ -141,7 +141,7 @@ from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import (
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     pressure_patch as _uvicorn_pressure_patch,
 )
-from opentelemetry.instrumentation.nemo_gym.ray import _runs_setup_worker
+from opentelemetry.instrumentation.nemo_gym.ray import _takes_context
 from opentelemetry.instrumentation.nemo_gym.ray._propagation import RayPropagation
 from opentelemetry.instrumentation.nemo_gym.resource_detector import (
     RUN_ID_VARIABLE,
@@ -447,18 +447,19 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # rollout's trace. A non-recording span without a configured tracer provider.
             tracer_provider = kwargs.get("tracer_provider")
             _install(patches, lambda: _rollout_patch(tracer_provider), "rollout spans")
-        # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
-        # where their workers run setup_worker; Ray's modules are patched when imported. A
-        # worker whose callers send the context takes it off whatever the switch says here.
-        _install(
-            patches,
-            lambda: RayPropagation(
-                _runs_setup_worker,
-                caller=ray_propagation,
-                worker=_runs_setup_worker({"env_vars": os.environ}),
-            ),
-            "carrying the trace context into Ray tasks",
-        )
+        if ray_propagation:
+            # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
+            # where their workers take it off (_takes_context); Ray's modules are patched when
+            # imported. Off, nothing of Ray's is patched, in a caller or a worker.
+            _install(
+                patches,
+                lambda: RayPropagation(
+                    _takes_context,
+                    caller=True,
+                    worker=_takes_context({"env_vars": os.environ}),
+                ),
+                "carrying the trace context into Ray tasks",
+            )
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
             _install(patches, _SigtermFlush, "exporting the last counts at SIGTERM")
