@@ -40,7 +40,7 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs 
 )
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
-from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import _fresh_context_at_startup
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import _fresh_context_at_startup
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import CONNECT_TOTAL
 
 APPS = Path(__file__).with_name("apps")
@@ -443,3 +443,28 @@ async def test_pressure_gc_during_metrics_collection_does_not_deadlock(
         gc.set_threshold(*thresholds)
         _pressure.stop()
     assert sum(p.count for p in pauses if p.attributes[_pressure.ATTR_GC_GENERATION] == 0) >= 1
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+async def test_fresh_request_context_off_leaves_uvicorn_alone(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """``fresh_request_context=False`` or OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT=false,
+    with the pressure metrics off too: Server.startup is not wrapped at all; with it on (the
+    control), it carries the fresh context's wrapper."""
+    original = uvicorn.Server.__dict__["startup"]
+    monkeypatch.setenv(OTEL_PYTHON_NEMO_GYM_PRESSURE, "false")
+    off: dict[str, object] = {}
+    if how == "argument":
+        off["fresh_request_context"] = False
+    else:
+        monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT", "false")
+    common = {"meter_provider": meter_provider, "connection_pool": False, "sandbox_resources": False}
+    instrumentor.instrument(**common, **off)
+    assert uvicorn.Server.__dict__["startup"] is original
+    instrumentor.uninstrument()
+    instrumentor.instrument(**common, fresh_request_context=True)
+    assert is_live_wrapper(uvicorn.Server.__dict__["startup"], _fresh_context_at_startup)

@@ -65,6 +65,9 @@ from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     connection_pool_enabled as _connection_pool_enabled,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    fresh_request_context_enabled as _fresh_request_context_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     intended_concurrency as _intended_concurrency,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
@@ -125,6 +128,9 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     label_patch as _server_label_patch,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
+    fresh_context_patch as _fresh_context_patch,
+)
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
 from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
     configure as _configure_pressure,
@@ -134,9 +140,6 @@ from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
 )
 from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
     stop as _stop_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import (
-    fresh_context_patch as _fresh_context_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     pressure_patch as _uvicorn_pressure_patch,
@@ -356,6 +359,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         pressure: bool | None = None,
         rollout_span: bool | None = None,
         ray_propagation: bool | None = None,
+        fresh_request_context: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Turn the instrumentation on; a failure inside is logged, never raised.
@@ -365,7 +369,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true).
         ``pressure``: default ``OTEL_PYTHON_NEMO_GYM_PRESSURE`` (true). ``rollout_span`` /
         ``ray_propagation``: default ``OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN`` /
-        ``..._RAY_PROPAGATION`` (true). Other
+        ``..._RAY_PROPAGATION`` (true). ``fresh_request_context``: default
+        ``OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT`` (true). Other
         keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
         INFO line saying which capabilities are active and, for one that is not, why.
         """
@@ -377,6 +382,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             pressure=pressure,
             rollout_span=rollout_span,
             ray_propagation=ray_propagation,
+            fresh_request_context=fresh_request_context,
             **kwargs,
         )
 
@@ -396,6 +402,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             pressure = _capability_flag(kwargs, "pressure", _pressure_enabled)
             rollout_span = _capability_flag(kwargs, "rollout_span", _rollout_span_enabled)
             ray_propagation = _capability_flag(kwargs, "ray_propagation", _ray_propagation_enabled)
+            fresh_request_context = _capability_flag(
+                kwargs, "fresh_request_context", _fresh_request_context_enabled
+            )
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
@@ -410,9 +419,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             level = None
         if level is not None:
             _install(patches, lambda: _OwnLines(level), "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL")
-        # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
-        # whatever the pressure setting: uvicorn may leak one request's context into the next.
-        _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
+        if fresh_request_context:
+            # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
+            # whatever the pressure setting: uvicorn may leak one request's context into the next.
+            _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
         if pressure:
             meter_provider = kwargs.get("meter_provider")
             _install(

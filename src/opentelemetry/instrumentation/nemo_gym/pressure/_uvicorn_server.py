@@ -7,7 +7,7 @@ app is loaded and before the first connection is accepted; while the instrumento
 (``_pressure.start``) and wraps the loaded app in ``InFlightApp``, which counts the requests
 in flight and changes nothing else. The lifespan and every connection then run the wrapped
 app. (Each request's fresh OpenTelemetry context is a hook of its own,
-``_trace_context.fresh_context_patch``, installed whatever the pressure setting.)
+``integrations.uvicorn._request_context``, with a switch of its own.)
 
 Nothing here imports uvicorn: a post-import hook patches ``Server`` when the application
 imports ``uvicorn.server``, or at once if it already has. Uninstalling restores it.
