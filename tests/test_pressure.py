@@ -38,9 +38,11 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
     opentelemetry_requirements,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
+    _fresh_context_at_startup,
+)
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
-from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import _fresh_context_at_startup
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import CONNECT_TOTAL
 
 APPS = Path(__file__).with_name("apps")
@@ -462,7 +464,11 @@ async def test_fresh_request_context_off_leaves_uvicorn_alone(
         off["fresh_request_context"] = False
     else:
         monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT", "false")
-    common = {"meter_provider": meter_provider, "connection_pool": False, "sandbox_resources": False}
+    common = {
+        "meter_provider": meter_provider,
+        "connection_pool": False,
+        "sandbox_resources": False,
+    }
     instrumentor.instrument(**common, **off)
     assert uvicorn.Server.__dict__["startup"] is original
     instrumentor.uninstrument()

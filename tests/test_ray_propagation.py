@@ -132,4 +132,3 @@ def test_instrument_ray_propagation_off_patches_nothing_of_rays(
     [patch] = _ray_patches(instrumentor)
     assert (patch.caller is not None, patch.worker is not None) == (True, worker)
     instrumentor.uninstrument()
-

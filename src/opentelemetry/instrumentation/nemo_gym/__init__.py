@@ -110,6 +110,7 @@ from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     validate_all as _validate_all,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as _log_status
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import RUN_ID_VARIABLE
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
@@ -147,7 +148,6 @@ from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
 from opentelemetry.instrumentation.nemo_gym.ray import _takes_context
 from opentelemetry.instrumentation.nemo_gym.ray._propagation import RayPropagation
 from opentelemetry.instrumentation.nemo_gym.resource_detector import (
-    RUN_ID_VARIABLE,
     begin_run,
     in_ray_system_process,
 )

@@ -54,6 +54,7 @@ from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
+from opentelemetry.instrumentation.nemo_gym._shared._otel_private import instrumented_instance
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
     nemo_gym_recording,
 )
@@ -383,7 +384,7 @@ def _start_process_metrics(provider: metrics.MeterProvider) -> None:
     # BaseInstrumentor keeps one instance per class, and constructing it again replaces the
     # configuration of one already instrumented (by opentelemetry-instrument), whose callbacks
     # read it: so that instance is looked at first, and left alone.
-    existing = getattr(SystemMetricsInstrumentor, "_instance", None)
+    existing = instrumented_instance(SystemMetricsInstrumentor)
     if existing is not None and existing.is_instrumented_by_opentelemetry:
         return
     instrumentor = SystemMetricsInstrumentor(config=dict(PROCESS_METRICS))

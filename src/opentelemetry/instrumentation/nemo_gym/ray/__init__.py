@@ -313,7 +313,7 @@ def _takes_context(runtime_env: object) -> bool:
     if not _runs_setup_worker(runtime_env) or not isinstance(runtime_env, Mapping):
         return False
     variables = runtime_env.get("env_vars")
-    raw = variables.get(OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION) if isinstance(variables, Mapping) else None
+    raw = variables.get(OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION) if variables else None
     return not isinstance(raw, str) or parse_bool(raw) is not False
 
 
