@@ -35,15 +35,15 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS,
     OTEL_PYTHON_NEMO_GYM_PRESSURE,
 )
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
-    opentelemetry_requirements,
-)
 from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
     _fresh_context_at_startup,
 )
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import CONNECT_TOTAL
+from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
+    opentelemetry_requirements,
+)
 
 APPS = Path(__file__).with_name("apps")
 

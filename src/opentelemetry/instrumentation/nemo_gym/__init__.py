@@ -123,6 +123,9 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers imp
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
     rollout_patch as _rollout_patch,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._sandbox_host import (
+    register as _register_nemo_gym_sandbox_host,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     capacity_workers as _capacity_workers,
 )
@@ -176,6 +179,11 @@ __all__ = ["NemoGymInstrumentor", "__version__"]
 
 logger = logging.getLogger(__name__)
 _PLAIN_CONNECTOR_NOTICE = OnceLog(logger)
+
+# The sandbox core asks the application which server this process is and whether it records
+# the sandbox lifecycle itself (sandbox/_host.py); NeMo Gym answers, for every use of the
+# package, instrumented or not (importing any of its modules runs this first).
+_register_nemo_gym_sandbox_host()
 
 
 def _capability_flag(

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._prometheus_text import (
+from opentelemetry.instrumentation.nemo_gym.tools._prometheus_text import (
     Sample,
     histogram_quantile,
     parse_samples,
