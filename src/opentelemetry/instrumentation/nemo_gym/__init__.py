@@ -136,15 +136,7 @@ from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_contex
     fresh_context_patch as _fresh_context_patch,
 )
 from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    configure as _configure_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    start as _start_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    stop as _stop_pressure,
-)
+from opentelemetry.instrumentation.nemo_gym.pressure._running import PressureMetrics
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     pressure_patch as _uvicorn_pressure_patch,
 )
@@ -170,7 +162,9 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._connector_patch import (
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
-    _bind_instrumented_telemetry,
+    _INSTRUMENTED as _INSTRUMENTED_POOL_TELEMETRY,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     timed_connector_mismatch,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
@@ -296,7 +290,7 @@ class _RunBegun:
 
 class _PoolPatch:
     """The ``TCPConnector`` construction patch and where directly built timed connectors
-    record (``_bind_instrumented_telemetry``), installed and taken off together."""
+    record (``connection_pool._INSTRUMENTED``), installed and taken off together."""
 
     def __init__(
         self, patch: TCPConnectorPatch, current: Callable[[], PoolTelemetry | None] | None
@@ -306,10 +300,10 @@ class _PoolPatch:
 
     def install(self) -> None:
         self._patch.install()
-        _bind_instrumented_telemetry(self._current)
+        _INSTRUMENTED_POOL_TELEMETRY.bind(self._current)
 
     def uninstall(self) -> None:
-        _bind_instrumented_telemetry(None)
+        _INSTRUMENTED_POOL_TELEMETRY.unbind(self._current)
         self._patch.uninstall()
 
 
@@ -328,14 +322,16 @@ class _SigtermFlush:
         stop_flush_at_sigterm(previous)
 
 
-def _start_pressure_in_running_loop(provider: metrics.MeterProvider) -> None:
+def _start_pressure_in_running_loop(
+    pressure: PressureMetrics, provider: metrics.MeterProvider
+) -> None:
     """The pressure metrics for the loop building a connector (aiohttp builds connectors in a
     running loop; there is nothing to probe without one)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    _start_pressure(provider, loop)
+    pressure.start(provider, loop)
 
 
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -350,6 +346,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """
 
     _sandbox_state: Any = None
+    _pressure: PressureMetrics | None = None
     # Installed in this order, taken off in the reverse one (Patch, RayPropagation).
     _patches: tuple[_Installed, ...] = ()
 
@@ -438,11 +435,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 lambda: self._instrument_pressure(meter_provider),
                 "pressure instrumentation",
             )
+        pressure_metrics = self._pressure if pressure else None
         if connection_pool:
             meter_provider = kwargs.get("meter_provider")
             _install(
                 patches,
-                lambda: self._instrument_connection_pool(meter_provider, pressure),
+                lambda: self._instrument_connection_pool(meter_provider, pressure_metrics),
                 "connection-pool instrumentation",
             )
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
@@ -492,10 +490,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 
-    @staticmethod
-    def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> _Installed:
-        """Configure the pressure metrics; their uvicorn hook, for ``_install`` to put on."""
-        _configure_pressure(_loop_lag_interval_s(), __version__)
+    def _instrument_pressure(self, meter_provider: metrics.MeterProvider | None) -> _Installed:
+        """This instrumentor's pressure metrics; their uvicorn hook, for ``_install`` to put on."""
+        pressure = PressureMetrics(_loop_lag_interval_s(), __version__)
+        self._pressure = pressure
 
         def exporting_provider() -> metrics.MeterProvider | None:
             # Resolved when a server starts: the global provider may be set after instrument().
@@ -508,10 +506,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             flush_at_exit(provider)
             return provider
 
-        return _uvicorn_pressure_patch(exporting_provider)
+        return _uvicorn_pressure_patch(pressure, exporting_provider)
 
     def _instrument_connection_pool(
-        self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
+        self, meter_provider: metrics.MeterProvider | None, pressure: PressureMetrics | None
     ) -> _Installed:
         """The pool's construction patch and its telemetry, for ``_install`` to put on."""
         max_server_names = _max_server_names()
@@ -533,8 +531,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 # Registered now, after the application's imports: it runs before their
                 # exit handlers, so the last counts leave before a kill (see _exit_flush).
                 flush_at_exit(provider)
-                if pressure:
-                    _start_pressure_in_running_loop(provider)
+                if pressure is not None:
+                    _start_pressure_in_running_loop(pressure, provider)
                 return telemetry_of(provider)
             if not metrics_deliberately_off():
                 # The first five minutes: installed, instrumented, and a pool that is not
@@ -606,7 +604,9 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             except Exception:
                 logger.exception("nemo_gym: taking a patch off failed (%r)", patch)
         try:
-            _stop_pressure()
+            pressure, self._pressure = self._pressure, None
+            if pressure is not None:
+                pressure.stop()
         except Exception:
             logger.exception("nemo_gym: stopping the pressure metrics failed")
         # Registered lazily (at the first timed connector or uvicorn server), for any provider.
