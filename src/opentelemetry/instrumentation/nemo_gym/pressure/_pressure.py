@@ -51,6 +51,7 @@ from typing import Any, Final
 from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
+from opentelemetry.instrumentation.nemo_gym._shared._buckets import ladder
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
     nemo_gym_recording,
@@ -87,39 +88,10 @@ ATTR_GC_GENERATION: Final = "nemo.gym.gc.generation"
 
 # A healthy loop runs a timer within a millisecond; one held by synchronous work, for
 # seconds. Boundaries across both, so a heatmap shows either end.
-LOOP_LAG_BUCKETS_MS: Final = (
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1_000.0,
-    2_500.0,
-    5_000.0,
-    10_000.0,
-)
+LOOP_LAG_BUCKETS_MS: Final = ladder(1.0, 10_000.0)
 # A young-generation collection takes tens of microseconds, a full one of a large heap
 # hundreds of milliseconds.
-GC_PAUSE_BUCKETS_MS: Final = (
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1_000.0,
-)
+GC_PAUSE_BUCKETS_MS: Final = (0.05, *ladder(0.1, 1_000.0))
 
 # opentelemetry-instrumentation-system-metrics' configuration: these four process metrics
 # only (its default also samples every disk, network interface and CPU of the host).
