@@ -86,7 +86,7 @@ _current_server_name = _SERVER_NAME.get
 # Distinct configurations report_connection_pool_capacity() remembers (and so logs) per
 # process: a service that builds connectors with ever-new limits must not log forever. The
 # memo is the public function's, whoever calls it (the instrumentor, an application, the
-# CLI), so it lives as long as the process, as the reference page's "logged once" says.
+# CLI), so it lives as long as the process: "logged once per distinct configuration".
 _MAX_REPORTED_CAPACITIES: Final = 256
 _REPORTED_CAPACITIES: set[tuple[object, ...]] = set()
 _REPORTED_CAPACITIES_LOCK = threading.Lock()
