@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import weakref
 from typing import Any
 
@@ -259,3 +260,32 @@ async def test_pool_state_failing_observation_is_logged_not_raised(
     failures = [r for r in caplog.records if "observing limits" in r.getMessage()]
     assert len(failures) == 1
     assert failures[0].levelno == logging.DEBUG
+
+
+@pytest.mark.parametrize("gil", [True, False], ids=["with-gil", "free-threaded"])
+async def test_pool_state_without_the_gil_reads_nothing_and_says_so_once(
+    server: GatedServer,
+    pool_telemetry: PoolTelemetry,
+    metric_reader: InMemoryMetricReader,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    gil: bool,
+) -> None:
+    """Where ``sys._is_gil_enabled()`` says the GIL is off (free-threaded CPython), the gauges
+    that read aiohttp's pools from the exporter's thread report nothing, with one warning over
+    two collections; the connect counts, recorded on the loop, still are. With the GIL (the
+    control), the same pool shows its held request."""
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
+    caplog.set_level(logging.WARNING, logger=_pool_telemetry.__name__)
+    connector = make_timed(pool_telemetry, limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        held = asyncio.create_task(get(session, f"{server.url}/hold"))
+        await server.until_held(1)
+        snapshots = [PoolSnapshot(metric_reader) for _ in range(2)]
+        server.open()
+        assert await held == "ok"
+    active = {(*dest(server), "active"): 1}
+    assert [s.nonzero_open() for s in snapshots] == [active if gil else {}] * 2
+    assert snapshots[-1].connects == {"external": 1}
+    warned = [r for r in caplog.records if "runs without the GIL" in r.getMessage()]
+    assert len(warned) == (0 if gil else 1)

@@ -50,6 +50,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     Destination,
     PoolState,
     destination,
+    gil_disabled,
     pool_state,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
@@ -409,7 +410,19 @@ class PoolTelemetry:
         return total
 
     def pool_states(self) -> Iterator[PoolState]:
-        """What each live timed connector holds right now."""
+        """What each live timed connector holds right now (nothing without the GIL, said once:
+        ``_aiohttp_compat`` says why)."""
+        if gil_disabled():
+            self._failures(
+                "free-threaded",
+                logging.WARNING,
+                "nemo_gym: the connection-pool state gauges (%s, %s) report nothing: this "
+                "Python runs without the GIL, and they would read aiohttp's pools from the "
+                "exporter's thread while the event loop changes them",
+                names.OPEN_CONNECTIONS,
+                names.WAITING_REQUESTS,
+            )
+            return
         for connector in self._live():
             counts = getattr(connector, "_nemo_gym_counts", None)
             if counts is not None:
