@@ -236,7 +236,7 @@ def test_render_one_run_every_table() -> None:
     samples = _two_runs()
     found = runs(samples)
     assert render(samples, found["new"], ["old"]).splitlines() == [
-        "run new: 5 processes, 4 services",
+        "run new: 4 processes, 3 services (and 1 process with nothing to report: ray.worker)",
         "(the collector also holds runs old: --run-id picks one)",
         "",
         "Connections per server (pool acquisitions per destination)",
