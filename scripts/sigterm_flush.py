@@ -74,7 +74,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def _once(way: str, counts: int, folder: Path) -> tuple[int, int, float]:
+def _once(way: str, counts: int, folder: Path, kill_after: float) -> tuple[int, int, float]:
     out = folder / f"{way}-{time.monotonic_ns()}.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     child = subprocess.Popen(
@@ -90,8 +90,9 @@ def _once(way: str, counts: int, folder: Path) -> tuple[int, int, float]:
     if way.startswith("sigterm"):
         child.send_signal(signal.SIGTERM)
     elif way.startswith("exit-killed"):
-        # NeMo Gym kills a server 1 s after its SIGINT: here 1 s after it starts to exit.
-        time.sleep(1.0)
+        # NeMo Gym kills a server 1 s after its SIGINT: here that long after it starts to exit
+        # (less than its 5 s exit handler takes).
+        time.sleep(kill_after)
         child.kill()
     child.wait(timeout=120)
     ended_ms = (time.monotonic() - started) * 1000
@@ -103,10 +104,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kill-after", type=float, default=1.0, help="seconds, below 5")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         for way in ("sigterm-handler", "sigterm-default", "exit-killed", "exit-killed-noflush"):
-            runs = [_once(way, args.counts, Path(folder)) for _ in range(args.rounds)]
+            runs = [
+                _once(way, args.counts, Path(folder), args.kill_after) for _ in range(args.rounds)
+            ]
             exported = sorted({r[0] for r in runs})
             statuses = sorted({r[1] for r in runs})
             times = sorted(r[2] for r in runs)
