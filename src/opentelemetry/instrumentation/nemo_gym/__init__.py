@@ -32,8 +32,9 @@ Usage::
     )
 
 Connectors constructed before ``instrument()`` and subclasses of ``TCPConnector`` are left
-alone. ``uninstrument()`` restores construction exactly, and puts NeMo Gym's
-``create_provider`` back.
+alone. ``uninstrument()`` restores construction exactly, puts NeMo Gym's ``create_provider``
+back, and gives the process back what ``instrument()`` changed in it (docs/process-effects.md);
+connectors built while instrumented keep their telemetry.
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ def _capability_flag(
 
 
 class _Installed(Protocol):
-    """A patch the instrumentor keeps: ``Patch``, ``RayPropagation``."""
+    """What the instrumentor puts on and takes off: a ``Patch``, ``RayPropagation``, or one of
+    the process-wide effects below (log lines, the run id, the SIGTERM handler, the pool patch)."""
 
     def install(self) -> None: ...
 
