@@ -23,14 +23,14 @@ def ladder(first: float, last: float) -> tuple[float, ...]:
     """
     if not 0 < first <= last:
         raise ValueError(f"ladder(first={first!r}, last={last!r}): need 0 < first <= last")
-    values: list[float] = []
-    exponent = math.floor(math.log10(first)) - 1
-    while not values or values[-1] < last:
-        for step in _STEPS:
-            value = float(f"{step}e{exponent}")
-            if first <= value <= last:
-                values.append(value)
-        exponent += 1
-    if values[0] != first or values[-1] != last:
+    # Bounded by the exponents of the ends, so a bound off the ladder cannot loop forever.
+    exponents = range(math.floor(math.log10(first)) - 1, math.floor(math.log10(last)) + 2)
+    values = [
+        value
+        for exponent in exponents
+        for value in (float(f"{step}e{exponent}") for step in _STEPS)
+        if first <= value <= last
+    ]
+    if not values or values[0] != first or values[-1] != last:
         raise ValueError(f"ladder(first={first!r}, last={last!r}): not both on the 1-2.5-5 ladder")
     return tuple(values)
