@@ -555,6 +555,10 @@ def main(argv: list[str] | None = None) -> int:
     print_what_to_do(args, plan, counter.warnings)
     if not args.no_sandbox:
         print("\n== 2. A sandbox: what it asked for, what it got, what it used ==\n")
+        print(
+            "(Its provider is wrapped with traced_provider(), which records whatever the\n"
+            "instrumentor's sandbox_resources switch says: off above, on in this half.)\n"
+        )
         print("\n".join(quickstart_sandbox.report(asyncio.run(quickstart_sandbox.run_demo()))))
     return 0
 

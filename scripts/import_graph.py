@@ -12,10 +12,14 @@ The layers, by package (CONTRIBUTING.md, "Where code goes"):
 * ``telemetry`` (the aiohttp pool) and ``ray`` import only themselves and the layers above;
 * ``pressure`` may import the pool too; ``sandbox`` never imports the pool;
 * ``integrations`` may import the pool, pressure and sandbox;
-* pressure, sandbox and ray may ask an integration module only if it is a reader: one that
-  imports nothing but ``_shared`` and the public leaves (NeMo Gym's identity, whether it
-  records; Ray carries the run's identity variable to its workers);
-* the root's modules (the instrumentor, the CLI, the detector) import anything.
+* the sandbox core imports no integration at all: what it needs from one it asks through
+  ``sandbox/_host.py``, where the integration registers its answers;
+* pressure and ray may ask an integration module only if it is a reader: one that imports
+  nothing but ``_shared`` and the public leaves (whether NeMo Gym records; Ray carries the
+  run's identity variable to its workers);
+* ``tools`` (what a user runs) may import anything below the root, and only the root's
+  modules and the tools import a tool;
+* the root's modules (the instrumentor, the detector) import anything.
 
     python scripts/import_graph.py            # the cycles, if any, and a summary
     python scripts/import_graph.py --edges    # every internal edge too
@@ -72,7 +76,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 PUBLIC_LEAVES = frozenset({"environment_variables", "version", "package"})
-ROOT_MODULES = frozenset({"", "cli", "resource_detector"})
+ROOT_MODULES = frozenset({"", "resource_detector"})
 BASE = frozenset({"_shared", "leaves"})
 # Layer -> the layers its modules may import (besides their own).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -83,9 +87,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "pressure": BASE | {"telemetry"},
     "sandbox": BASE,
     "integrations": BASE | {"telemetry", "pressure", "sandbox"},
+    "tools": BASE | {"telemetry", "pressure", "sandbox", "integrations", "ray"},
 }
-# Layers that may import an integration module when it is a reader (see the docstring).
-READER_USERS = frozenset({"pressure", "ray", "sandbox"})
+# Layers that may import an integration module when it is a reader (see the docstring); the
+# sandbox core is not one of them.
+READER_USERS = frozenset({"pressure", "ray"})
 
 
 def layer(module: str) -> str:

@@ -97,8 +97,18 @@ config_arg() {
 }
 
 # One invocation at a time: two tests (or two shells) starting it at once get one collector.
+# One that waits says so on stderr, and every 30 s what the other is doing (PROGRESS_FILE,
+# written by build while it builds): `eval "$(... --env)"` shows only stderr meanwhile.
+PROGRESS_FILE="$STATE_DIR/progress"
 exec 9>"$STATE_DIR/lock"
-flock 9
+if ! flock -n 9; then
+  other() { cat "$PROGRESS_FILE" 2>/dev/null || echo "starting it"; }
+  log "another start of this collector is under way ($(other)); waiting for it"
+  waiting_since=$SECONDS
+  until flock -w 30 9; do
+    log "still waiting after $((SECONDS - waiting_since)) s: the other start is $(other)"
+  done
+fi
 
 # shellcheck source=scripts/owned-process.sh
 source "$checkout/scripts/owned-process.sh"
@@ -191,9 +201,21 @@ build() {
     log "building $name with $("$go_bin" version) into $bin (minutes the first time)"
     mkdir -p "$(dirname "$bin")"
     local started=$SECONDS
-    # -mod=readonly: go.sum in the repository is the pin; a build never rewrites it.
+    echo "building $name since $(date -u +%H:%M:%S) UTC (pid $$)" >"$PROGRESS_FILE"
+    # -mod=readonly: go.sum in the repository is the pin; a build never rewrites it. Go says
+    # nothing until it is done: a line every 30 s says it still builds.
     (cd "$src" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-      nice -n 10 "$go_bin" build -trimpath -o "$bin.tmp.$$" "$target") >&2
+      nice -n 10 "$go_bin" build -trimpath -o "$bin.tmp.$$" "$target") >&2 &
+    local building=$! ticks=0
+    while kill -0 "$building" 2>/dev/null; do
+      sleep 1
+      ticks=$((ticks + 1))
+      if [ $((ticks % 30)) = 0 ] && kill -0 "$building" 2>/dev/null; then
+        log "still building $name: $((SECONDS - started)) s"
+      fi
+    done
+    wait "$building" || { rm -f "$PROGRESS_FILE"; log "building $name failed"; exit 1; }
+    rm -f "$PROGRESS_FILE"
     mv "$bin.tmp.$$" "$bin"
     log "built $name in $((SECONDS - started)) s"
   fi

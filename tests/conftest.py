@@ -438,6 +438,18 @@ async def gated_server() -> AsyncIterator[GatedServerFactory]:
         await server.stop()
 
 
+@pytest.fixture
+async def server(gated_server: GatedServerFactory) -> GatedServer:
+    """One gated loopback server on 127.0.0.1, the pool tests' usual destination."""
+    return await gated_server("127.0.0.1")
+
+
+@pytest.fixture
+async def two_hosts(gated_server: GatedServerFactory) -> tuple[GatedServer, GatedServer]:
+    """Two gated loopback servers, on 127.0.0.1 and 127.0.0.2: two destinations."""
+    return await gated_server("127.0.0.1"), await gated_server("127.0.0.2")
+
+
 def queued(connector: object) -> int:
     """Requests waiting for a slot in ``connector`` (aiohttp's ``_waiters``), read directly."""
     waiters = getattr(connector, "_waiters", {})

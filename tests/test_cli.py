@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nemo_gym_support import nemo_gym_main
-from opentelemetry.instrumentation.nemo_gym.cli import main
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
+from opentelemetry.instrumentation.nemo_gym.tools.cli import main
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 
@@ -250,7 +250,7 @@ def test_opentelemetry_requirements_pins_this_environment() -> None:
     """The server venvs get this environment's OpenTelemetry packages, at its versions."""
     from importlib.metadata import version
 
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
         opentelemetry_requirements,
     )
 
@@ -270,7 +270,7 @@ def test_opentelemetry_requirements_checkout_path_with_a_space(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A distribution installed from a folder whose path has a space goes in by that path."""
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
         opentelemetry_requirements,
     )
 
@@ -309,7 +309,7 @@ def test_server_venvs_on_nemo_gym_main_where_its_setup_puts_them(
     from nemo_gym import global_config
     from nemo_gym.cli.setup_command import get_venv_path
 
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
         server_venvs,
     )
 
@@ -341,7 +341,7 @@ def test_tracing_requirements_add_process_metrics_at_instrumentation_release() -
     release when it is not among the requirements, and nothing when it is."""
     from importlib.metadata import version
 
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
         tracing_requirements,
     )
 
@@ -360,7 +360,7 @@ def test_tracing_requirements_add_process_metrics_at_instrumentation_release() -
 def test_tracing_requirements_missing_instrumentation_names_it() -> None:
     """--tracing without the fastapi instrumentation here is bad input naming the package and
     the one pip command that installs the set."""
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
+    from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
         tracing_requirements,
     )
 
@@ -378,7 +378,7 @@ def test_server_venvs_tracing_flag_before_gym_arguments(
 ) -> None:
     """`server-venvs --tracing ARGS` hands ARGS to gym's parser and asks for tracing; without
     the flag, tracing stays off and every argument is gym's."""
-    from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _server_venvs
+    from opentelemetry.instrumentation.nemo_gym.tools import _server_venvs
 
     calls: list[tuple[list[str], bool]] = []
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conftest import (
-    GatedServerFactory,
+    GatedServer,
     cancel_while_queued,
     connect_counts,
     eventually,
@@ -51,12 +51,11 @@ TELEMETRY_LOGGER = _pool_telemetry.__name__
 
 
 async def test_queue_timed_connector_total_limit_records_each_queued_wait(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """Two requests queued behind an exhausted total limit record two `total`/`ok` samples."""
-    server = await gated_server("127.0.0.1")
     connector = timed_connector(pool_telemetry, limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         requests = [
@@ -75,12 +74,11 @@ async def test_queue_timed_connector_total_limit_records_each_queued_wait(
 
 
 async def test_queue_timed_connector_no_sample_when_slot_free(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """Requests that find a free slot record no queue sample but are counted as connects."""
-    server = await gated_server("127.0.0.1")
     connector = timed_connector(pool_telemetry, limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         assert await fetch(session, server.url) == "ok"
@@ -90,13 +88,12 @@ async def test_queue_timed_connector_no_sample_when_slot_free(
 
 
 async def test_queue_timed_connector_per_host_limit_two_destinations(
-    gated_server: GatedServerFactory,
+    two_hosts: tuple[GatedServer, GatedServer],
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """Under an unlimited total, a per-host limit waits as `per_host`, per destination label."""
-    first = await gated_server("127.0.0.1")
-    second = await gated_server("127.0.0.2")
+    first, second = two_hosts
     connector = timed_connector(pool_telemetry, limit=0, limit_per_host=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         requests = [
@@ -118,13 +115,12 @@ async def test_queue_timed_connector_per_host_limit_two_destinations(
 
 
 async def test_queue_timed_connector_constraint_decided_when_wait_starts(
-    gated_server: GatedServerFactory,
+    two_hosts: tuple[GatedServer, GatedServer],
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """With both limits finite, a full host waits as `per_host`, a full pool as `total`."""
-    first = await gated_server("127.0.0.1")
-    second = await gated_server("127.0.0.2")
+    first, second = two_hosts
     connector = timed_connector(pool_telemetry, limit=2, limit_per_host=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         a1 = asyncio.create_task(fetch(session, f"{first.url}/hold", label="a"))
@@ -141,20 +137,28 @@ async def test_queue_timed_connector_constraint_decided_when_wait_starts(
     assert queue_waits(metric_reader) == {("per_host", "ok", "a"): 1, ("total", "ok", "b"): 1}
 
 
-async def test_queue_timed_connector_connect_timeout_while_queued(
-    gated_server: GatedServerFactory,
+@pytest.mark.parametrize(
+    ("abandon", "raised"),
+    [(timeout_while_queued, asyncio.TimeoutError), (cancel_while_queued, asyncio.CancelledError)],
+    ids=["connect-timeout", "cancelled"],
+)
+async def test_queue_timed_connector_abandoned_while_queued(
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
+    abandon: Any,
+    raised: type[BaseException],
 ) -> None:
-    """A connect timeout while queued records `abandoned` and raises what plain aiohttp raises."""
-    server = await gated_server("127.0.0.1")
+    """A wait given up while queued (a connect timeout, or the task cancelled) records
+    `abandoned` once, raises exactly what plain aiohttp raises, and leaves no waiter; both
+    connects were counted."""
     plain = aiohttp.TCPConnector(limit=1)
     timed = timed_connector(pool_telemetry, limit=1)
-    plain_error, plain_session, plain_holder = await timeout_while_queued(plain, server)
-    timed_error, timed_session, timed_holder = await timeout_while_queued(timed, server)
+    plain_error, plain_session, plain_holder = await abandon(plain, server)
+    timed_error, timed_session, timed_holder = await abandon(timed, server)
     try:
         same_failure(plain_error, timed_error)
-        assert isinstance(timed_error, asyncio.TimeoutError)
+        assert isinstance(timed_error, raised)
         assert queued(plain) == queued(timed) == 0
         server.open()
         assert await asyncio.gather(plain_holder, timed_holder) == ["ok", "ok"]
@@ -163,28 +167,6 @@ async def test_queue_timed_connector_connect_timeout_while_queued(
         await timed_session.close()
     assert queue_waits(metric_reader) == {("total", "abandoned", "external"): 1}
     assert connect_counts(metric_reader) == {"external": 2}
-
-
-async def test_queue_timed_connector_cancelled_while_queued(
-    gated_server: GatedServerFactory,
-    pool_telemetry: PoolTelemetry,
-    metric_reader: InMemoryMetricReader,
-) -> None:
-    """A task cancelled while queued records `abandoned`, sees CancelledError, leaves no waiter."""
-    server = await gated_server("127.0.0.1")
-    plain = aiohttp.TCPConnector(limit=1)
-    timed = timed_connector(pool_telemetry, limit=1)
-    plain_error, plain_session, plain_holder = await cancel_while_queued(plain, server)
-    timed_error, timed_session, timed_holder = await cancel_while_queued(timed, server)
-    try:
-        assert type(plain_error) is type(timed_error) is asyncio.CancelledError
-        assert queued(plain) == queued(timed) == 0
-        server.open()
-        assert await asyncio.gather(plain_holder, timed_holder) == ["ok", "ok"]
-    finally:
-        await plain_session.close()
-        await timed_session.close()
-    assert queue_waits(metric_reader) == {("total", "abandoned", "external"): 1}
 
 
 async def test_queue_timed_connector_failed_connect_counted_and_raised_as_plain(
@@ -201,13 +183,12 @@ async def test_queue_timed_connector_failed_connect_counted_and_raised_as_plain(
 
 
 async def test_queue_timed_connector_redirect_hops_wait_separately(
-    gated_server: GatedServerFactory,
+    two_hosts: tuple[GatedServer, GatedServer],
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """A redirected request that queues before each hop records one sample per hop."""
-    first = await gated_server("127.0.0.1")
-    second = await gated_server("127.0.0.2")
+    first, second = two_hosts
     connector = timed_connector(pool_telemetry, limit=0, limit_per_host=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         holders = [
@@ -230,12 +211,11 @@ async def test_queue_timed_connector_redirect_hops_wait_separately(
 
 
 async def test_queue_timed_connector_retry_records_its_own_sample(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """An attempt abandoned by its timeout and the retry that then waits are two samples."""
-    server = await gated_server("127.0.0.1")
     connector = timed_connector(pool_telemetry, limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         holder = asyncio.create_task(fetch(session, f"{server.url}/hold", label="holder"))
@@ -281,13 +261,12 @@ class _ProbeConnector(QueueTimedTCPConnector, _RecordingConnector):
 
 
 async def test_queue_timed_connector_connect_forwards_all_arguments(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """connect() counts first, then passes the caller's arguments, as given, to the next class."""
     assert _ProbeConnector.__mro__[1:3] == (QueueTimedTCPConnector, _RecordingConnector)
-    server = await gated_server("127.0.0.1")
     connector = _ProbeConnector()
     connector._nemo_gym_attach(pool_telemetry)
     connector.telemetry = pool_telemetry
@@ -342,7 +321,7 @@ async def test_queue_timed_connector_connect_refuses_what_aiohttp_refuses(
 
 
 async def test_set_server_name_cap_turns_extra_names_into_other(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
     caplog: pytest.LogCaptureFixture,
@@ -350,7 +329,6 @@ async def test_set_server_name_cap_turns_extra_names_into_other(
     """Beyond the provider's cap of distinct names, labels become `other`, with one warning."""
     telemetry = PoolTelemetry.of(meter_provider, version="test", max_server_names=2)
     caplog.set_level(logging.WARNING, logger=TELEMETRY_LOGGER)
-    server = await gated_server("127.0.0.1")
     connector = timed_connector(telemetry, limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         assert await fetch(session, server.url, label="a") == "ok"

@@ -65,9 +65,6 @@ _DEPLOYMENT = (
     "own section"
 )
 NOT_RUN_HERE = {
-    "pip install opentelemetry-instrumentation-nemo-gym": (
-        "the distribution is not on PyPI yet; the install-from-source line next to it is run"
-    ),
     "opentelemetry-instrument --traces_exporter console --metrics_exporter console "
     "--logs_exporter none python your_nemo_gym_app.py": (
         "a placeholder for the user's application; the same command on "
@@ -86,8 +83,8 @@ NOT_RUN_HERE = {
 
 # Run in this order in one fresh virtualenv, from the repository root.
 INSTALL_SEQUENCE = (
-    "pip install .",
-    "pip install opentelemetry-distro",
+    "pip install -c constraints.txt .",
+    "pip install -c constraints.txt opentelemetry-distro",
     "opentelemetry-instrument --metrics_exporter console --traces_exporter none "
     "--logs_exporter none python examples/quickstart.py",
 )

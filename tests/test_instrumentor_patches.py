@@ -37,7 +37,9 @@ from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers import (
     PATCHED_MODULES,
 )
-from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import FreshTraceContextApp
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
+    FreshTraceContextApp,
+)
 
 pytestmark = pytest.mark.nemo_gym
 

@@ -21,7 +21,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 # The import paths the README, the design and the reference pages name, with a name from each.
 DOCUMENTED = {
     PACKAGE: "NemoGymInstrumentor",
-    f"{PACKAGE}.cli": "main",
+    f"{PACKAGE}.tools.cli": "main",
     f"{PACKAGE}.environment_variables": "OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL",
     f"{PACKAGE}.package": "_instruments",
     f"{PACKAGE}.version": "__version__",
@@ -39,7 +39,6 @@ DOCUMENTED = {
 # The root's public face, and the private packages that hold everything else.
 ROOT_ENTRIES = {
     "__init__.py",  # the instrumentor
-    "cli.py",
     "environment_variables.py",
     "package.py",
     "py.typed",
@@ -49,7 +48,8 @@ ROOT_ENTRIES = {
     "telemetry",  # the aiohttp connection pool, at NeMo Gym's path
     "pressure",
     "sandbox",
-    "integrations",
+    "integrations",  # hooks into other libraries
+    "tools",  # what a user runs: the nemo-gym-otel command
     "_shared",
 }
 
@@ -131,8 +131,9 @@ def test_layout_import_graph_has_no_cycle_and_keeps_the_layers() -> None:
 
 def test_layout_import_graph_names_each_kind_of_breach() -> None:
     """A shared leaf importing a capability, the pool importing the sandbox, the sandbox
-    importing the pool, and the sandbox importing an integration that is no reader are each
-    reported; the sandbox reading NeMo Gym's identity is not."""
+    importing the pool, the sandbox importing any integration (a reader too), and a capability
+    importing a tool are each reported; pressure reading whether NeMo Gym records, and a tool
+    importing an integration, are not."""
     script = _import_graph_script()
     graph = script.import_graph()
     breaches = [
@@ -140,11 +141,28 @@ def test_layout_import_graph_names_each_kind_of_breach() -> None:
         (f"{PACKAGE}.telemetry.connection_pool", f"{PACKAGE}.sandbox._state"),
         (f"{PACKAGE}.sandbox._calls", f"{PACKAGE}.telemetry.connection_pool"),
         (f"{PACKAGE}.sandbox._calls", f"{PACKAGE}.integrations.nemo_gym._server_client"),
+        (f"{PACKAGE}.sandbox._calls", f"{PACKAGE}.integrations.nemo_gym._identity"),
+        (f"{PACKAGE}.telemetry.connection_pool", f"{PACKAGE}.tools._report"),
     ]
-    allowed = (f"{PACKAGE}.sandbox._calls", f"{PACKAGE}.integrations.nemo_gym._identity")
-    for source, target in [*breaches, allowed]:
+    allowed = [
+        (f"{PACKAGE}.pressure._pressure", f"{PACKAGE}.integrations.nemo_gym._identity"),
+        (f"{PACKAGE}.tools._report", f"{PACKAGE}.integrations.nemo_gym._identity"),
+    ]
+    for source, target in [*breaches, *allowed]:
         graph[source].add(target)
     assert script.layering_breaches(graph) == sorted(breaches)
+
+
+def test_layout_sandbox_core_imports_no_integration() -> None:
+    """No module of the sandbox core imports an integration module, directly."""
+    graph = _import_graph_script().import_graph()
+    assert not {
+        (source, target)
+        for source, targets in graph.items()
+        if source.startswith(f"{PACKAGE}.sandbox")
+        for target in targets
+        if target.startswith(f"{PACKAGE}.integrations")
+    }
 
 
 def test_layout_comments_name_only_what_exists() -> None:

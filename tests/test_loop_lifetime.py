@@ -21,7 +21,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
-from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     QueueTimedTCPConnector,
 )
@@ -51,10 +50,16 @@ async def build_and_close_connector(mode: str) -> weakref.ref[aiohttp.TCPConnect
     # something about them, not about a path that was never taken.
     connector = aiohttp.TCPConnector()
     timed = isinstance(connector, QueueTimedTCPConnector)
-    probed = asyncio.get_running_loop() in _pressure._PROBES
+    pressure = NemoGymInstrumentor()._pressure  # None when not instrumented
+    probed = pressure is not None and pressure.probed(asyncio.get_running_loop())
     await connector.close()
     assert (timed, probed) == ((True, True) if mode == "instrumented" else (False, False))
     return weakref.ref(connector)
+
+
+def probed_loops() -> int:
+    pressure = NemoGymInstrumentor()._pressure
+    return 0 if pressure is None else pressure.probed_loops()
 
 
 def open_descriptors() -> int:
@@ -74,7 +79,7 @@ def test_loop_lifetime_closed_loops_all_collected(mode: str) -> None:
     gc.collect()
     assert [ref for ref in loops if ref() is not None] == []
     assert [ref for ref in connectors if ref() is not None] == []
-    assert len(_pressure._PROBES) == 0
+    assert probed_loops() == 0
 
 
 def test_loop_lifetime_unclosed_loops_warned_and_released(mode: str) -> None:
@@ -91,4 +96,4 @@ def test_loop_lifetime_unclosed_loops_warned_and_released(mode: str) -> None:
     unclosed = [w for w in caught if "unclosed event loop" in str(w.message)]
     assert len(unclosed) == UNCLOSED_LOOPS
     assert open_descriptors() == before
-    assert len(_pressure._PROBES) == 0
+    assert probed_loops() == 0

@@ -1,7 +1,7 @@
 """Beside NeMo Gym's own telemetry: nothing timed or reported twice, one sandbox identity, and
 a provider shutdown by somebody else still exports our buffered waits.
 
-NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``, its own
+NeMo Gym's own connection-pool telemetry (meter scope ``nemo.lens``, its own
 ``QueueTimedTCPConnector`` subclass, the same capacity-report words) is neither in nemo-gym
 0.4.0 nor in NeMo Gym main at 07d6b0d (a ``nemo_gym_main`` test says so), so ``StandIn`` plays
 it: a module registered under its name, with a connector subclass that times waits on
@@ -64,7 +64,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
 pytestmark = pytest.mark.nemo_gym  # also run on NeMo Gym main (nemo_gym_support)
 
 NEMO_LENS = "nemo.lens"
-NEMO_GYM_POOL_MODULE = "nemo_gym.telemetry.connection_pool"  # NeMo Gym's page-004 module
+NEMO_GYM_POOL_MODULE = "nemo_gym.telemetry.connection_pool"  # NeMo Gym's connection-pool module
 CAPACITY_PREFIX = "aiohttp connection pool capacity for this server/CLI process group:"
 REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", PREFIX + "id"
 
@@ -73,8 +73,8 @@ REQUEST_ID, PROVIDER, SANDBOX_ID = PREFIX + "request.id", PREFIX + "provider", P
 
 
 def stand_in_module(meter_provider: MeterProvider) -> types.ModuleType:
-    """NeMo Gym's page-004 module as far as this plugin can see it: a timed connector subclass
-    recording on scope ``nemo.lens`` and a capacity report in the same words."""
+    """NeMo Gym's connection-pool module as far as this plugin can see it: a timed connector
+    subclass recording on scope ``nemo.lens`` and a capacity report in the same words."""
     module = types.ModuleType(NEMO_GYM_POOL_MODULE)
     meter = meter_provider.get_meter(NEMO_LENS)
     waits = meter.create_histogram(QUEUE_DURATION, unit=QUEUE_DURATION_UNIT)
@@ -290,15 +290,17 @@ async def test_nemo_gym_sandbox_spans_enclose_ours_with_one_identity(
 
 @pytest.mark.nemo_gym_main
 def test_nemo_gym_main_has_no_pool_telemetry_of_its_own() -> None:
-    """NeMo Gym main still has no page-004 module: the stand-in remains what coexistence is
-    tested against (this fails the day a NeMo Gym update brings the real one)."""
+    """NeMo Gym main still has no connection-pool module: the stand-in remains what coexistence
+    is tested against (this fails the day a NeMo Gym update brings the real one)."""
     nemo_gym_main()
     assert importlib.util.find_spec("nemo_gym.telemetry") is None
 
 
 # --- sandbox samples: one owner beside NeMo Gym's own sampler --------------------------------
 
-NEMO_GYM_SAMPLER_MODULE = "nemo_gym.sandbox.resource_telemetry"  # NeMo Gym's page-000 module
+NEMO_GYM_SAMPLER_MODULE = (
+    "nemo_gym.sandbox.resource_telemetry"  # NeMo Gym's sandbox resource module
+)
 
 
 def stand_in_sampler_module() -> types.ModuleType:

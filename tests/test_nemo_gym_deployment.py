@@ -295,12 +295,15 @@ def _connection_rows(report: str) -> list[tuple[str, str, int | None]]:
 
 def _shape(report: str) -> list[str]:
     """The report's lines with the run id, numbers and bars masked and spaces collapsed; the
-    line naming other runs in the collector left out (the page's collector held one run)."""
+    line naming other runs in the collector left out (the page's collector held one run), and
+    the heading's processes with nothing to report (Ray's dashboard and agent, where they
+    export under the run: the page says so beside its table)."""
     shape = []
     for line in report.splitlines():
         if line.startswith("(the collector also holds"):
             continue
         line = re.sub(r"^run \S+:", "run RUN:", line)
+        line = re.sub(r" \(and \d+ process(es)? with nothing to report: [^)]*\)$", "", line)
         line = re.sub(r"\d+(\.\d+)?", "N", re.sub("█+", "BAR", line))
         shape.append(" ".join(line.split()))
     return shape

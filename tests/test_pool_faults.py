@@ -25,7 +25,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conftest import (
     GatedServer,
-    GatedServerFactory,
     connect_counts,
     eventually,
     queue_waits,
@@ -72,14 +71,13 @@ async def saturate(connector: aiohttp.TCPConnector, server: GatedServer, request
 
 
 async def test_explicit_providers_each_report_only_their_connectors(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
     second_reader: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     """Two providers, two connectors: each provider counts exactly its own connector's connects."""
     other_provider, other_reader = second_reader
-    server = await gated_server("127.0.0.1")
     first = make_timed(PoolTelemetry.of(meter_provider, version="t", max_server_names=5))
     second = make_timed(PoolTelemetry.of(other_provider, version="t", max_server_names=5))
     async with (
@@ -96,14 +94,13 @@ async def test_explicit_providers_each_report_only_their_connectors(
 
 async def test_instrument_explicit_provider_not_global_one(
     instrumentor: NemoGymInstrumentor,
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     global_meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
     second_reader: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     """instrument(meter_provider=p) records into p only, even beside an exporting global one."""
     explicit_provider, explicit_reader = second_reader
-    server = await gated_server("127.0.0.1")
     instrumentor.instrument(meter_provider=explicit_provider, sandbox_resources=False)
     patched = aiohttp.TCPConnector(limit=1)
     direct = QueueTimedTCPConnector(limit=1)
@@ -123,14 +120,13 @@ async def test_instrument_explicit_provider_not_global_one(
 
 async def test_connector_keeps_provider_it_was_built_under(
     instrumentor: NemoGymInstrumentor,
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
     second_reader: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     """A connector records into the provider of the instrument() it was built under, for good."""
     later_provider, later_reader = second_reader
-    server = await gated_server("127.0.0.1")
     instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
     connector = aiohttp.TCPConnector(limit=1)
     instrumentor.uninstrument()
@@ -146,14 +142,13 @@ async def test_connector_keeps_provider_it_was_built_under(
 
 
 async def test_connector_bound_again_is_reported_by_new_telemetry_only(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     global_meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
     second_reader: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     """Rebinding a connector moves it: counts so far stay where they were, later ones move."""
     other_provider, other_reader = second_reader
-    server = await gated_server("127.0.0.1")
     connector = QueueTimedTCPConnector()
     async with aiohttp.ClientSession(connector=connector) as session:
         assert await get(session, server.url) == "ok"
@@ -171,12 +166,11 @@ async def test_connector_bound_again_is_reported_by_new_telemetry_only(
 
 async def test_copied_connector_while_instrumented_serves_queued_requests(
     instrumentor: NemoGymInstrumentor,
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """copy.copy() of a timed connector is a working connector: queued requests complete."""
-    server = await gated_server("127.0.0.1")
     instrumentor.instrument(meter_provider=meter_provider, sandbox_resources=False)
     original = aiohttp.TCPConnector(limit=1)
     copied = copy.copy(original)
@@ -214,12 +208,11 @@ class _UnreadableConnector(QueueTimedTCPConnector):
 
 
 async def test_introspection_error_classifies_wait_unknown_and_request_succeeds(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """An exception while reading the connector makes the wait `unknown`; requests succeed."""
-    server = await gated_server("127.0.0.1")
     connector = _UnreadableConnector(limit=1)
     connector._nemo_gym_attach(pool_telemetry)
     with pytest.raises(RuntimeError):
@@ -354,12 +347,11 @@ async def test_suppress_instrumentation_connector_built_inside_stays_plain(
 
 
 async def test_suppress_instrumentation_queue_waits_inside_not_recorded(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """Waits that happen inside suppress_instrumentation() are dropped; the others recorded."""
-    server = await gated_server("127.0.0.1")
     connector = make_timed(pool_telemetry, limit=1)
 
     async def get_suppressed(label: str) -> str:

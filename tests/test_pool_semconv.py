@@ -88,7 +88,7 @@ async def _collect_in_mode(
         provider.shutdown()
 
 
-def _page_004_waits(data: Any) -> dict[tuple[str, str, str], int]:
+def _queue_duration_waits(data: Any) -> dict[tuple[str, str, str], int]:
     return {
         (
             p.attributes[names.ATTR_QUEUE_CONSTRAINT],
@@ -134,7 +134,7 @@ def _assert_semconv_waits(data: Any, server: GatedServer) -> None:
 
 
 @pytest.mark.parametrize("mode", [None, "", "database"])
-async def test_semconv_default_mode_emits_only_page_004_histogram(
+async def test_semconv_default_mode_emits_only_queue_duration_histogram(
     mode: str | None,
     instrumentor: NemoGymInstrumentor,
     gated_server: GatedServerFactory,
@@ -144,7 +144,7 @@ async def test_semconv_default_mode_emits_only_page_004_histogram(
     server = await gated_server("127.0.0.1")
     data = await _collect_in_mode(mode, instrumentor, server, monkeypatch)
     assert metric_names(data) == ALWAYS | {names.QUEUE_DURATION}
-    assert _page_004_waits(data) == {
+    assert _queue_duration_waits(data) == {
         ("total", "ok", "model"): 1,
         ("total", "abandoned", "model"): 1,
     }
@@ -175,7 +175,7 @@ async def test_semconv_http_dup_mode_emits_both(
     server = await gated_server("127.0.0.1")
     data = await _collect_in_mode(mode, instrumentor, server, monkeypatch)
     assert metric_names(data) == ALWAYS | {names.QUEUE_DURATION, names.TIME_IN_QUEUE}
-    assert _page_004_waits(data) == {
+    assert _queue_duration_waits(data) == {
         ("total", "ok", "model"): 1,
         ("total", "abandoned", "model"): 1,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import weakref
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import GatedServer, GatedServerFactory, eventually, metric_points, queued
+from conftest import GatedServer, eventually, metric_points, queued
 from conftest import timed_connector as make_timed
 from opentelemetry.instrumentation.nemo_gym.telemetry import _pool_telemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
@@ -84,13 +85,12 @@ async def get(session: aiohttp.ClientSession, url: str) -> str:
 
 
 async def test_pool_state_active_idle_waiting_per_destination(
-    gated_server: GatedServerFactory,
+    two_hosts: tuple[GatedServer, GatedServer],
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """Held requests are active, kept-alive ones idle, queued ones waiting, per destination."""
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
+    a, b = two_hosts
     connector = make_timed(pool_telemetry, limit=5, limit_per_host=2)
     async with aiohttp.ClientSession(connector=connector) as session:
         # Two held on each host fill both per-host limits; one more queues behind each host.
@@ -151,12 +151,11 @@ class _SlowToConnect(QueueTimedTCPConnector):
 
 
 async def test_pool_state_connection_being_established_is_not_active(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """A connection aiohttp is still setting up counts as neither active nor idle."""
-    server = await gated_server("127.0.0.1")
     connector = _SlowToConnect(limit=3)
     connector._nemo_gym_attach(pool_telemetry)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -175,12 +174,11 @@ async def test_pool_state_connection_being_established_is_not_active(
 
 
 async def test_pool_state_fifty_requests_over_two_kept_alive_connections(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """connect_total counts pool acquisitions (50); connections_created real TCP connects (2)."""
-    server = await gated_server("127.0.0.1")
     connector = make_timed(pool_telemetry, limit=2)
     async with aiohttp.ClientSession(connector=connector) as session:
         assert await asyncio.gather(*(get(session, server.url) for _ in range(50))) == ["ok"] * 50
@@ -191,13 +189,12 @@ async def test_pool_state_fifty_requests_over_two_kept_alive_connections(
 
 
 async def test_pool_state_collected_connector_leaves_gauges_keeps_counts(
-    gated_server: GatedServerFactory,
+    two_hosts: tuple[GatedServer, GatedServer],
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
 ) -> None:
     """A garbage-collected connector leaves the gauges; its connects and creations stay counted."""
-    a = await gated_server("127.0.0.1")
-    b = await gated_server("127.0.0.2")
+    a, b = two_hosts
     kept = make_timed(pool_telemetry, limit=5, limit_per_host=2)
     async with aiohttp.ClientSession(connector=kept) as session:
         assert await get(session, a.url) == "ok"
@@ -238,7 +235,7 @@ async def test_pool_state_limits_skip_unlimited_and_vanish_without_connectors(
 
 
 async def test_pool_state_failing_observation_is_logged_not_raised(
-    gated_server: GatedServerFactory,
+    server: GatedServer,
     pool_telemetry: PoolTelemetry,
     metric_reader: InMemoryMetricReader,
     caplog: pytest.LogCaptureFixture,
@@ -250,7 +247,6 @@ async def test_pool_state_failing_observation_is_logged_not_raised(
         def limit(self) -> int:
             raise RuntimeError("limit unreadable")
 
-    server = await gated_server("127.0.0.1")
     connector = UnreadableLimit()
     connector._nemo_gym_attach(pool_telemetry)
     caplog.set_level(logging.DEBUG, logger=_pool_telemetry.__name__)
@@ -264,3 +260,32 @@ async def test_pool_state_failing_observation_is_logged_not_raised(
     failures = [r for r in caplog.records if "observing limits" in r.getMessage()]
     assert len(failures) == 1
     assert failures[0].levelno == logging.DEBUG
+
+
+@pytest.mark.parametrize("gil", [True, False], ids=["with-gil", "free-threaded"])
+async def test_pool_state_without_the_gil_reads_nothing_and_says_so_once(
+    server: GatedServer,
+    pool_telemetry: PoolTelemetry,
+    metric_reader: InMemoryMetricReader,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    gil: bool,
+) -> None:
+    """Where ``sys._is_gil_enabled()`` says the GIL is off (free-threaded CPython), the gauges
+    that read aiohttp's pools from the exporter's thread report nothing, with one warning over
+    two collections; the connect counts, recorded on the loop, still are. With the GIL (the
+    control), the same pool shows its held request."""
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
+    caplog.set_level(logging.WARNING, logger=_pool_telemetry.__name__)
+    connector = make_timed(pool_telemetry, limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        held = asyncio.create_task(get(session, f"{server.url}/hold"))
+        await server.until_held(1)
+        snapshots = [PoolSnapshot(metric_reader) for _ in range(2)]
+        server.open()
+        assert await held == "ok"
+    active = {(*dest(server), "active"): 1}
+    assert [s.nonzero_open() for s in snapshots] == [active if gil else {}] * 2
+    assert snapshots[-1].connects == {"external": 1}
+    warned = [r for r in caplog.records if "runs without the GIL" in r.getMessage()]
+    assert len(warned) == (0 if gil else 1)

@@ -35,13 +35,16 @@ from opentelemetry.instrumentation.nemo_gym.environment_variables import (
     OTEL_PYTHON_NEMO_GYM_LOOP_LAG_INTERVAL_MS,
     OTEL_PYTHON_NEMO_GYM_PRESSURE,
 )
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_venvs import (
-    opentelemetry_requirements,
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
+    _fresh_context_at_startup,
 )
 from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
 from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
-from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import _fresh_context_at_startup
+from opentelemetry.instrumentation.nemo_gym.pressure._running import PressureMetrics
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import CONNECT_TOTAL
+from opentelemetry.instrumentation.nemo_gym.tools._server_venvs import (
+    opentelemetry_requirements,
+)
 
 APPS = Path(__file__).with_name("apps")
 
@@ -49,6 +52,12 @@ APPS = Path(__file__).with_name("apps")
 # measurement may end: generous for a shared two-core machine, yet far below a second hold.
 HOLD_S = 0.3
 MARGIN_S = 1.0
+
+
+@pytest.fixture
+def pressure() -> PressureMetrics:
+    """The pressure metrics as one instrumentation owns them, started by the test itself."""
+    return PressureMetrics(0.1, "test")
 
 
 @pytest.fixture
@@ -264,6 +273,7 @@ async def test_pressure_deferred_while_nemo_gym_observer_records(
     monkeypatch: pytest.MonkeyPatch,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
+    pressure: PressureMetrics,
 ) -> None:
     """With NeMo Gym's observer loaded and recording, start() starts nothing and no name of
     the observer's is recorded, a collection and a held loop included."""
@@ -271,11 +281,11 @@ async def test_pressure_deferred_while_nemo_gym_observer_records(
         sys.modules, _pressure.NEMO_GYM_OBSERVER_MODULE, stand_in_observer(exporting=True)
     )
     try:
-        assert not _pressure.start(meter_provider, asyncio.get_running_loop())
+        assert not pressure.start(meter_provider, asyncio.get_running_loop())
         gc.collect()
         names = metric_names(metric_reader.get_metrics_data())
     finally:
-        _pressure.stop()
+        pressure.stop()
     assert not {name for name in names if name.startswith(("gym.", "process."))}
 
 
@@ -283,17 +293,18 @@ async def test_pressure_runs_while_nemo_gym_observer_is_loaded_but_off(
     monkeypatch: pytest.MonkeyPatch,
     meter_provider: MeterProvider,
     metric_reader: InMemoryMetricReader,
+    pressure: PressureMetrics,
 ) -> None:
     """An observer module that is loaded but not exporting leaves the pressure to us."""
     monkeypatch.setitem(
         sys.modules, _pressure.NEMO_GYM_OBSERVER_MODULE, stand_in_observer(exporting=False)
     )
     try:
-        assert _pressure.start(meter_provider, asyncio.get_running_loop())
+        assert pressure.start(meter_provider, asyncio.get_running_loop())
         gc.collect()
         names = metric_names(metric_reader.get_metrics_data())
     finally:
-        _pressure.stop()
+        pressure.stop()
     assert {_pressure.GC_PAUSE, _pressure.GC_COLLECTIONS, _pressure.IN_FLIGHT} <= names
 
 
@@ -424,11 +435,11 @@ def test_pressure_server_without_a_pool_exports_before_earlier_exit_handlers() -
 
 
 async def test_pressure_gc_during_metrics_collection_does_not_deadlock(
-    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader, pressure: PressureMetrics
 ) -> None:
     """Garbage collections that start while the SDK collects the metrics (holding the pause
     histogram's locks) are recorded at the next collection, not from inside this one."""
-    assert _pressure.start(meter_provider, asyncio.get_running_loop())
+    assert pressure.start(meter_provider, asyncio.get_running_loop())
     gc.collect()  # the pause histogram has a point whose collection allocates
     thresholds = gc.get_threshold()
     collecting = threading.Thread(target=metric_reader.get_metrics_data, daemon=True)
@@ -441,5 +452,34 @@ async def test_pressure_gc_during_metrics_collection_does_not_deadlock(
         pauses = metric_points(metric_reader.get_metrics_data(), _pressure.GC_PAUSE)
     finally:
         gc.set_threshold(*thresholds)
-        _pressure.stop()
+        pressure.stop()
     assert sum(p.count for p in pauses if p.attributes[_pressure.ATTR_GC_GENERATION] == 0) >= 1
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+async def test_fresh_request_context_off_leaves_uvicorn_alone(
+    instrumentor: NemoGymInstrumentor,
+    meter_provider: MeterProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """``fresh_request_context=False`` or OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT=false,
+    with the pressure metrics off too: Server.startup is not wrapped at all; with it on (the
+    control), it carries the fresh context's wrapper."""
+    original = uvicorn.Server.__dict__["startup"]
+    monkeypatch.setenv(OTEL_PYTHON_NEMO_GYM_PRESSURE, "false")
+    off: dict[str, object] = {}
+    if how == "argument":
+        off["fresh_request_context"] = False
+    else:
+        monkeypatch.setenv("OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT", "false")
+    common = {
+        "meter_provider": meter_provider,
+        "connection_pool": False,
+        "sandbox_resources": False,
+    }
+    instrumentor.instrument(**common, **off)
+    assert uvicorn.Server.__dict__["startup"] is original
+    instrumentor.uninstrument()
+    instrumentor.instrument(**common, fresh_request_context=True)
+    assert is_live_wrapper(uvicorn.Server.__dict__["startup"], _fresh_context_at_startup)

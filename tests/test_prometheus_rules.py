@@ -142,7 +142,7 @@ def test_rules_queue_rules_read_both_naming_modes() -> None:
 
 # --- the dashboard on both sources ----------------------------------------------------------
 
-# The rules_test.yml case with NeMo Gym's own page-004 histogram beside ours, and what each
+# The rules_test.yml case with NeMo Gym's own queue-duration histogram beside ours, and what each
 # queue panel of the dashboard shows for it at 10 minutes (the panels sum over jobs; "policy"
 # has both sources, "judge" is http/dup beside NeMo Gym's, counted once). Values as promtool
 # prints them: it compares exactly.
@@ -183,7 +183,7 @@ CONNECTS = [
 
 
 def test_dashboard_queue_panels_count_both_sources_for_one_destination(tmp_path: Path) -> None:
-    """Each queue panel adds NeMo Gym's page-004 waits and ours in the http names up."""
+    """Each queue panel adds NeMo Gym's own queue waits and ours in the http names up."""
     document = yaml.safe_load(RULES_TEST.read_text())
     (case,) = [
         test

@@ -13,10 +13,20 @@ import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from opentelemetry.instrumentation.nemo_gym.ray import SETUP_HOOK, _runs_setup_worker
-from opentelemetry.instrumentation.nemo_gym.ray._propagation import CARRIER, _run_with_context
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym.ray import (
+    SETUP_HOOK,
+    _runs_setup_worker,
+    _takes_context,
+)
+from opentelemetry.instrumentation.nemo_gym.ray._propagation import (
+    CARRIER,
+    RayPropagation,
+    _run_with_context,
+)
 
 HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+RAY_PROPAGATION = "OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION"
 
 
 def received(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any], str]:
@@ -87,3 +97,38 @@ def test_run_with_context_exception_propagates_unchanged(tracer_provider: Tracer
 def test_runs_setup_worker_reads_rays_hook_variable(runtime_env: object, runs: bool) -> None:
     """Only a runtime_env whose hook variable names ours has workers that take the carrier off."""
     assert _runs_setup_worker(runtime_env) is runs
+
+
+@pytest.mark.parametrize(
+    ("switch", "takes"),
+    [(None, True), ("true", True), ("false", False), ("0", False), ("junk", True)],
+)
+def test_takes_context_follows_the_workers_switch(switch: str | None, takes: bool) -> None:
+    """A runtime_env whose workers run setup_worker takes the context unless its own
+    OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION turns propagation off (a bad value is the default)."""
+    variables = {HOOK_VARIABLE: SETUP_HOOK}
+    if switch is not None:
+        variables[RAY_PROPAGATION] = switch
+    assert _takes_context({"env_vars": variables}) is takes
+    assert _takes_context({"env_vars": {**variables, HOOK_VARIABLE: "my.own.hook"}}) is False
+
+
+def _ray_patches(instrumentor: NemoGymInstrumentor) -> list[RayPropagation]:
+    return [patch for patch in instrumentor._patches if isinstance(patch, RayPropagation)]
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_instrument_ray_propagation_off_patches_nothing_of_rays(
+    instrumentor: NemoGymInstrumentor, monkeypatch: pytest.MonkeyPatch, worker: bool
+) -> None:
+    """With the switch off, neither the caller's side nor (in a worker that runs
+    setup_worker) the worker's side is made; on, both are (the control)."""
+    if worker:
+        monkeypatch.setenv(HOOK_VARIABLE, SETUP_HOOK)
+    instrumentor.instrument(ray_propagation=False)
+    assert _ray_patches(instrumentor) == []
+    instrumentor.uninstrument()
+    instrumentor.instrument(ray_propagation=True)
+    [patch] = _ray_patches(instrumentor)
+    assert (patch.caller is not None, patch.worker is not None) == (True, worker)
+    instrumentor.uninstrument()

@@ -16,19 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.nemo_gym.cli import main
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import _report
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._prometheus_text import (
-    Sample,
-    histogram_quantile,
-    parse_samples,
-)
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._report import (
-    ReportError,
-    choose_run,
-    render,
-    runs,
-)
 from opentelemetry.instrumentation.nemo_gym.pressure._pressure import LOOP_LAG
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import CREATIONS, OOM_KILLS
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import CPU_TIME
@@ -37,6 +24,19 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     LIMIT,
     QUEUE_DURATION,
 )
+from opentelemetry.instrumentation.nemo_gym.tools import _report
+from opentelemetry.instrumentation.nemo_gym.tools._prometheus_text import (
+    Sample,
+    histogram_quantile,
+    parse_samples,
+)
+from opentelemetry.instrumentation.nemo_gym.tools._report import (
+    ReportError,
+    choose_run,
+    render,
+    runs,
+)
+from opentelemetry.instrumentation.nemo_gym.tools.cli import main
 
 CAPTURED = Path(__file__).resolve().parent / "data" / "collector_deployment.prom"
 
@@ -236,7 +236,7 @@ def test_render_one_run_every_table() -> None:
     samples = _two_runs()
     found = runs(samples)
     assert render(samples, found["new"], ["old"]).splitlines() == [
-        "run new: 5 processes, 4 services",
+        "run new: 4 processes, 3 services (and 1 process with nothing to report: ray.worker)",
         "(the collector also holds runs old: --run-id picks one)",
         "",
         "Connections per server (pool acquisitions per destination)",

@@ -20,10 +20,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._sandbox_host import (
+    NEMO_GYM_METRICS_MODULE,
+)
 from opentelemetry.instrumentation.nemo_gym.sandbox import _calls
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
     DURATION_BUCKETS_MS,
-    NEMO_GYM_METRICS_MODULE,
     SandboxLifecycleMetrics,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (

@@ -29,10 +29,19 @@ pytestmark = pytest.mark.nemo_gym_server
 PREFIX = "nemo-gym-otel server-venvs: error: "
 
 
+CLI = "opentelemetry.instrumentation.nemo_gym.tools.cli"
+
+
 def _server_venvs(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM")}
     return subprocess.run(
-        [sys.executable, "-m", "opentelemetry.instrumentation.nemo_gym.cli", "server-venvs", *args],
+        [
+            sys.executable,
+            "-m",
+            "opentelemetry.instrumentation.nemo_gym.tools.cli",
+            "server-venvs",
+            *args,
+        ],
         cwd=cwd,
         env=env,
         capture_output=True,

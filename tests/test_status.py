@@ -104,7 +104,8 @@ def test_instrument_status_no_reader(
     assert line == (
         "nemo_gym instrumentation: connection_pool=off for now (the SDK MeterProvider has no "
         "metric reader; aiohttp.TCPConnector stays plain, checked again at each construction); "
-        "sandbox_resources=off (sandbox_resources=False was passed to instrument()); "
+        "sandbox_resources=off (sandbox_resources=False was passed to instrument(); only "
+        "providers wrapped with traced_provider() are traced); "
         "rollout_span=on; ray_propagation=on"
     )
 
@@ -156,7 +157,8 @@ def test_instrument_status_disabled_by_variables(
     assert line == (
         "nemo_gym instrumentation: connection_pool=off "
         "(OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL='false'); "
-        "sandbox_resources=off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES='0'); "
+        "sandbox_resources=off (OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES='0'; only providers "
+        "wrapped with traced_provider() are traced); "
         "rollout_span=on; ray_propagation=on"
     )
 
@@ -196,7 +198,8 @@ def test_status_line_is_pure_text() -> None:
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool=False was passed to "
         "instrument()); sandbox_resources=off (sandbox_resources=False was passed to "
-        "instrument()); rollout_span=on; ray_propagation=on"
+        "instrument(); only providers wrapped with traced_provider() are traced); "
+        "rollout_span=on; ray_propagation=on"
     )
 
 
@@ -207,8 +210,9 @@ def test_status_line_boolean_string_argument() -> None:
     )
     assert line == (
         "nemo_gym instrumentation: connection_pool=off (connection_pool='off' was passed to "
-        "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument()); "
-        "rollout_span=on; ray_propagation=on"
+        "instrument()); sandbox_resources=off (sandbox_resources='no' was passed to instrument(); "
+        "only providers wrapped with traced_provider() are traced); rollout_span=on; "
+        "ray_propagation=on"
     )
 
 

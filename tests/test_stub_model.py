@@ -29,7 +29,7 @@ GET_WEATHER = {
     },
     "strict": True,
 }
-COMMAND = [sys.executable, "-m", "opentelemetry.instrumentation.nemo_gym.cli", "stub-model"]
+COMMAND = [sys.executable, "-m", "opentelemetry.instrumentation.nemo_gym.tools.cli", "stub-model"]
 
 
 @pytest.fixture

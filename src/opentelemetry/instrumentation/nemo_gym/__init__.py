@@ -32,8 +32,9 @@ Usage::
     )
 
 Connectors constructed before ``instrument()`` and subclasses of ``TCPConnector`` are left
-alone. ``uninstrument()`` restores construction exactly, and puts NeMo Gym's
-``create_provider`` back.
+alone. ``uninstrument()`` restores construction exactly, puts NeMo Gym's ``create_provider``
+back, and gives the process back what ``instrument()`` changed in it (docs/process-effects.md);
+connectors built while instrumented keep their telemetry.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.nemo_gym._shared._exit_flush import (
     flush_at_exit,
     flush_at_sigterm,
+    stop_flush_at_exit,
     stop_flush_at_sigterm,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._exporting import (
@@ -62,6 +64,9 @@ from opentelemetry.instrumentation.nemo_gym._shared._exporting import (
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     connection_pool_enabled as _connection_pool_enabled,
+)
+from opentelemetry.instrumentation.nemo_gym._shared._settings import (
+    fresh_request_context_enabled as _fresh_request_context_enabled,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     intended_concurrency as _intended_concurrency,
@@ -106,6 +111,7 @@ from opentelemetry.instrumentation.nemo_gym._shared._settings import (
     validate_all as _validate_all,
 )
 from opentelemetry.instrumentation.nemo_gym._shared._status import log_status as _log_status
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import RUN_ID_VARIABLE
 
 # Functions, not modules: pydoc lists a module-valued attribute that is not a direct
 # submodule under "SUBMODULES", as if `...nemo_gym.sandbox_tracing` could be imported.
@@ -118,29 +124,24 @@ from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._providers imp
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._rollout_span import (
     rollout_patch as _rollout_patch,
 )
+from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._sandbox_host import (
+    register as _register_nemo_gym_sandbox_host,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     capacity_workers as _capacity_workers,
 )
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._server_client import (
     label_patch as _server_label_patch,
 )
-from opentelemetry.instrumentation.nemo_gym.package import _instruments
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    configure as _configure_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    start as _start_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._pressure import (
-    stop as _stop_pressure,
-)
-from opentelemetry.instrumentation.nemo_gym.pressure._trace_context import (
+from opentelemetry.instrumentation.nemo_gym.integrations.uvicorn._request_context import (
     fresh_context_patch as _fresh_context_patch,
 )
+from opentelemetry.instrumentation.nemo_gym.package import _instruments
+from opentelemetry.instrumentation.nemo_gym.pressure._running import PressureMetrics
 from opentelemetry.instrumentation.nemo_gym.pressure._uvicorn_server import (
     pressure_patch as _uvicorn_pressure_patch,
 )
-from opentelemetry.instrumentation.nemo_gym.ray import _runs_setup_worker
+from opentelemetry.instrumentation.nemo_gym.ray import _takes_context
 from opentelemetry.instrumentation.nemo_gym.ray._propagation import RayPropagation
 from opentelemetry.instrumentation.nemo_gym.resource_detector import (
     begin_run,
@@ -162,7 +163,9 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._connector_patch import (
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._pool_telemetry import PoolTelemetry
 from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
-    _bind_instrumented_telemetry,
+    _INSTRUMENTED as _INSTRUMENTED_POOL_TELEMETRY,
+)
+from opentelemetry.instrumentation.nemo_gym.telemetry.connection_pool import (
     timed_connector_mismatch,
 )
 from opentelemetry.instrumentation.nemo_gym.version import __version__
@@ -171,6 +174,11 @@ __all__ = ["NemoGymInstrumentor", "__version__"]
 
 logger = logging.getLogger(__name__)
 _PLAIN_CONNECTOR_NOTICE = OnceLog(logger)
+
+# The sandbox core asks the application which server this process is and whether it records
+# the sandbox lifecycle itself (sandbox/_host.py); NeMo Gym answers, for every use of the
+# package, instrumented or not (importing any of its modules runs this first).
+_register_nemo_gym_sandbox_host()
 
 
 def _capability_flag(
@@ -202,7 +210,8 @@ def _capability_flag(
 
 
 class _Installed(Protocol):
-    """A patch the instrumentor keeps: ``Patch``, ``RayPropagation``."""
+    """What the instrumentor puts on and takes off: a ``Patch``, ``RayPropagation``, or one of
+    the process-wide effects below (log lines, the run id, the SIGTERM handler, the pool patch)."""
 
     def install(self) -> None: ...
 
@@ -226,38 +235,105 @@ def _install(patches: list[_Installed], make: Callable[[], _Installed], what: st
         logger.exception("nemo_gym: %s failed; skipped", what)
 
 
-_STDERR_HANDLER: logging.Handler | None = None
-
-
-def _show_own_lines(level: int | None) -> None:
-    """Print this package's log lines at ``level`` and above to stderr (``None``: leave it).
+class _OwnLines:
+    """This package's log lines at ``level`` and above printed to stderr, while installed.
 
     For processes whose logging nobody configures, NeMo Gym's servers among them: there the
-    status line and the capacity report (INFO) would otherwise never be seen. The handler is
-    installed once; the lines stop propagating, so a configured root logger does not print
-    them twice.
+    status line and the capacity report (INFO) would otherwise never be seen. The lines stop
+    propagating, so a configured root logger does not print them twice. ``uninstall()`` takes
+    the handler off and gives the package's logger back its level and propagation.
     """
-    global _STDERR_HANDLER
-    if level is None:
-        return
-    package = logging.getLogger(__name__)
-    if _STDERR_HANDLER is None:
-        _STDERR_HANDLER = logging.StreamHandler()  # sys.stderr, looked up at each line
-        _STDERR_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        package.addHandler(_STDERR_HANDLER)
-    _STDERR_HANDLER.setLevel(level)
-    package.setLevel(level)
-    package.propagate = False
+
+    def __init__(self, level: int) -> None:
+        self._level = level
+        self._handler: logging.Handler | None = None
+        self._before: tuple[int, bool] | None = None
+
+    def install(self) -> None:
+        package = logging.getLogger(__name__)
+        if self._handler is not None:
+            return
+        self._before = (package.level, package.propagate)
+        self._handler = logging.StreamHandler()  # sys.stderr, looked up at each line
+        self._handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self._handler.setLevel(self._level)
+        package.addHandler(self._handler)
+        package.setLevel(self._level)
+        package.propagate = False
+
+    def uninstall(self) -> None:
+        handler, self._handler = self._handler, None
+        if handler is None:
+            return
+        package = logging.getLogger(__name__)
+        package.removeHandler(handler)
+        if self._before is not None:
+            level, propagate = self._before
+            package.setLevel(level)
+            package.propagate = propagate
 
 
-def _start_pressure_in_running_loop(provider: metrics.MeterProvider) -> None:
+class _RunBegun:
+    """NeMo Gym's command line begins a run (``begin_run``): the servers it spawns while
+    instrumented share its id. ``uninstall()`` takes the variable out again where it still
+    holds the id written here, so the environment is as ``instrument()`` found it."""
+
+    def __init__(self) -> None:
+        self._written: str | None = None
+
+    def install(self) -> None:
+        self._written = begin_run(os.environ, sys.argv)
+
+    def uninstall(self) -> None:
+        written, self._written = self._written, None
+        if written is not None and os.environ.get(RUN_ID_VARIABLE) == written:
+            del os.environ[RUN_ID_VARIABLE]
+
+
+class _PoolPatch:
+    """The ``TCPConnector`` construction patch and where directly built timed connectors
+    record (``connection_pool._INSTRUMENTED``), installed and taken off together."""
+
+    def __init__(
+        self, patch: TCPConnectorPatch, current: Callable[[], PoolTelemetry | None] | None
+    ) -> None:
+        self._patch = patch
+        self._current = current
+
+    def install(self) -> None:
+        self._patch.install()
+        _INSTRUMENTED_POOL_TELEMETRY.bind(self._current)
+
+    def uninstall(self) -> None:
+        _INSTRUMENTED_POOL_TELEMETRY.unbind(self._current)
+        self._patch.uninstall()
+
+
+class _SigtermFlush:
+    """The SIGTERM handler that exports the last counts (``flush_at_sigterm``); ``uninstall()``
+    gives SIGTERM back the handler it had, where ours is still the one set."""
+
+    def __init__(self) -> None:
+        self._previous: object = None
+
+    def install(self) -> None:
+        self._previous = flush_at_sigterm()
+
+    def uninstall(self) -> None:
+        previous, self._previous = self._previous, None
+        stop_flush_at_sigterm(previous)
+
+
+def _start_pressure_in_running_loop(
+    pressure: PressureMetrics, provider: metrics.MeterProvider
+) -> None:
     """The pressure metrics for the loop building a connector (aiohttp builds connectors in a
     running loop; there is nothing to probe without one)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    _start_pressure(provider, loop)
+    pressure.start(provider, loop)
 
 
 class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -271,8 +347,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     second object is an instance of a subclass; each keeps and removes only its own patches.
     """
 
-    _pool_patch: TCPConnectorPatch | None = None
     _sandbox_state: Any = None
+    _pressure: PressureMetrics | None = None
     # Installed in this order, taken off in the reverse one (Patch, RayPropagation).
     _patches: tuple[_Installed, ...] = ()
 
@@ -290,6 +366,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         pressure: bool | None = None,
         rollout_span: bool | None = None,
         ray_propagation: bool | None = None,
+        fresh_request_context: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Turn the instrumentation on; a failure inside is logged, never raised.
@@ -299,7 +376,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ``OTEL_PYTHON_NEMO_GYM_CONNECTION_POOL`` / ``..._SANDBOX_RESOURCES`` (true).
         ``pressure``: default ``OTEL_PYTHON_NEMO_GYM_PRESSURE`` (true). ``rollout_span`` /
         ``ray_propagation``: default ``OTEL_PYTHON_NEMO_GYM_ROLLOUT_SPAN`` /
-        ``..._RAY_PROPAGATION`` (true). Other
+        ``..._RAY_PROPAGATION`` (true). ``fresh_request_context``: default
+        ``OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT`` (true). Other
         keywords (``skip_dep_check``, ...) go to ``BaseInstrumentor.instrument``. Logs one
         INFO line saying which capabilities are active and, for one that is not, why.
         """
@@ -311,6 +389,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             pressure=pressure,
             rollout_span=rollout_span,
             ray_propagation=ray_propagation,
+            fresh_request_context=fresh_request_context,
             **kwargs,
         )
 
@@ -330,23 +409,27 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             pressure = _capability_flag(kwargs, "pressure", _pressure_enabled)
             rollout_span = _capability_flag(kwargs, "rollout_span", _rollout_span_enabled)
             ray_propagation = _capability_flag(kwargs, "ray_propagation", _ray_propagation_enabled)
+            fresh_request_context = _capability_flag(
+                kwargs, "fresh_request_context", _fresh_request_context_enabled
+            )
         except Exception:
             logger.exception("nemo_gym: reading the settings failed; instrumenting nothing")
             return
-        try:
-            # NeMo Gym's command line begins a run: the servers it spawns from now on share it.
-            begin_run(os.environ, sys.argv)
-        except Exception:
-            logger.exception("nemo_gym: beginning the run's id failed")
         patches: list[_Installed] = []
         self._patches = ()
+        # NeMo Gym's command line begins a run: the servers it spawns from now on share it.
+        _install(patches, _RunBegun, "beginning the run's id")
         try:
-            _show_own_lines(_log_level())
+            level = _log_level()
         except Exception:
-            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be applied")
-        # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
-        # whatever the pressure setting: uvicorn may leak one request's context into the next.
-        _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
+            logger.exception("nemo_gym: OTEL_PYTHON_NEMO_GYM_LOG_LEVEL could not be read")
+            level = None
+        if level is not None:
+            _install(patches, lambda: _OwnLines(level), "OTEL_PYTHON_NEMO_GYM_LOG_LEVEL")
+        if fresh_request_context:
+            # Each request a uvicorn server handles starts from an empty OpenTelemetry context,
+            # whatever the pressure setting: uvicorn may leak one request's context into the next.
+            _install(patches, _fresh_context_patch, "uvicorn's fresh request context")
         if pressure:
             meter_provider = kwargs.get("meter_provider")
             _install(
@@ -354,11 +437,14 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 lambda: self._instrument_pressure(meter_provider),
                 "pressure instrumentation",
             )
+        pressure_metrics = self._pressure if pressure else None
         if connection_pool:
-            try:
-                self._instrument_connection_pool(kwargs.get("meter_provider"), pressure)
-            except Exception:
-                logger.exception("nemo_gym: connection-pool instrumentation failed; skipped")
+            meter_provider = kwargs.get("meter_provider")
+            _install(
+                patches,
+                lambda: self._instrument_connection_pool(meter_provider, pressure_metrics),
+                "connection-pool instrumentation",
+            )
             # NeMo Gym's ServerClient: its requests labelled by the server they target.
             _install(patches, _server_label_patch, "ServerClient labelling")
         if sandbox_resources:
@@ -379,22 +465,23 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # rollout's trace. A non-recording span without a configured tracer provider.
             tracer_provider = kwargs.get("tracer_provider")
             _install(patches, lambda: _rollout_patch(tracer_provider), "rollout spans")
-        # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
-        # where their workers run setup_worker; Ray's modules are patched when imported. A
-        # worker whose callers send the context takes it off whatever the switch says here.
-        _install(
-            patches,
-            lambda: RayPropagation(
-                _runs_setup_worker,
-                caller=ray_propagation,
-                worker=_runs_setup_worker({"env_vars": os.environ}),
-            ),
-            "carrying the trace context into Ray tasks",
-        )
-        self._patches = tuple(patches)
+        if ray_propagation:
+            # Ray tasks and actor methods started inside a span (a rollout's) join its trace,
+            # where their workers take it off (_takes_context); Ray's modules are patched when
+            # imported. Off, nothing of Ray's is patched, in a caller or a worker.
+            _install(
+                patches,
+                lambda: RayPropagation(
+                    _takes_context,
+                    caller=True,
+                    worker=_takes_context({"env_vars": os.environ}),
+                ),
+                "carrying the trace context into Ray tasks",
+            )
         if (connection_pool or sandbox_resources or pressure) and not metrics_deliberately_off():
             # Where SIGTERM would end the process at once, the last counts leave first.
-            flush_at_sigterm()
+            _install(patches, _SigtermFlush, "exporting the last counts at SIGTERM")
+        self._patches = tuple(patches)
         try:
             # One INFO line: which capabilities are on, and why not.
             _log_status(
@@ -405,10 +492,10 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:
             logger.exception("nemo_gym: describing the instrumentation's status failed")
 
-    @staticmethod
-    def _instrument_pressure(meter_provider: metrics.MeterProvider | None) -> _Installed:
-        """Configure the pressure metrics; their uvicorn hook, for ``_install`` to put on."""
-        _configure_pressure(_loop_lag_interval_s(), __version__)
+    def _instrument_pressure(self, meter_provider: metrics.MeterProvider | None) -> _Installed:
+        """This instrumentor's pressure metrics; their uvicorn hook, for ``_install`` to put on."""
+        pressure = PressureMetrics(_loop_lag_interval_s(), __version__)
+        self._pressure = pressure
 
         def exporting_provider() -> metrics.MeterProvider | None:
             # Resolved when a server starts: the global provider may be set after instrument().
@@ -421,11 +508,12 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             flush_at_exit(provider)
             return provider
 
-        return _uvicorn_pressure_patch(exporting_provider)
+        return _uvicorn_pressure_patch(pressure, exporting_provider)
 
     def _instrument_connection_pool(
-        self, meter_provider: metrics.MeterProvider | None, pressure: bool = False
-    ) -> None:
+        self, meter_provider: metrics.MeterProvider | None, pressure: PressureMetrics | None
+    ) -> _Installed:
+        """The pool's construction patch and its telemetry, for ``_install`` to put on."""
         max_server_names = _max_server_names()
         max_destinations = _max_destinations()
         semconv_mode = _semconv_http_mode()
@@ -445,8 +533,8 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 # Registered now, after the application's imports: it runs before their
                 # exit handlers, so the last counts leave before a kill (see _exit_flush).
                 flush_at_exit(provider)
-                if pressure:
-                    _start_pressure_in_running_loop(provider)
+                if pressure is not None:
+                    _start_pressure_in_running_loop(pressure, provider)
                 return telemetry_of(provider)
             if not metrics_deliberately_off():
                 # The first five minutes: installed, instrumented, and a pool that is not
@@ -489,9 +577,7 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 _intended_concurrency_per_host(),
             ),
         )
-        patch.install()
-        self._pool_patch = patch
-        _bind_instrumented_telemetry(current)
+        return _PoolPatch(patch, current)
 
     def _instrument_sandbox(
         self,
@@ -513,7 +599,6 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _nemo_gym_provider_patch(_sandbox_wrapping_for(state))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        stop_flush_at_sigterm()
         patches, self._patches = self._patches, ()
         for patch in reversed(patches):
             try:
@@ -521,16 +606,13 @@ class NemoGymInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             except Exception:
                 logger.exception("nemo_gym: taking a patch off failed (%r)", patch)
         try:
-            _stop_pressure()
+            pressure, self._pressure = self._pressure, None
+            if pressure is not None:
+                pressure.stop()
         except Exception:
             logger.exception("nemo_gym: stopping the pressure metrics failed")
-        try:
-            if self._pool_patch is not None:
-                self._pool_patch.uninstall()
-                self._pool_patch = None
-            _bind_instrumented_telemetry(None)
-        except Exception:
-            logger.exception("nemo_gym: restoring aiohttp.TCPConnector failed")
+        # Registered lazily (at the first timed connector or uvicorn server), for any provider.
+        stop_flush_at_exit()
         try:
             state, self._sandbox_state = self._sandbox_state, None
             if state is not None:

@@ -155,6 +155,18 @@ method is not wrapped at all.
 Flag: ``--nemo_gym_rollout_span``.
 """
 
+OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT = "OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT"
+"""
+.. envvar:: OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT
+
+Whether ``instrument()`` makes each request a uvicorn server handles start from an empty
+OpenTelemetry context, so that a request never joins the trace of an earlier request on the
+same connection (uvicorn can hand one request's context to the next: a CPython bug, gh-140947).
+``true`` (default) or ``false``. Off, ``uvicorn.Server.startup`` is not wrapped and the app is
+served as uvicorn serves it.
+Flag: ``--nemo_gym_fresh_request_context``.
+"""
+
 OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION = "OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION"
 """
 .. envvar:: OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION

@@ -96,27 +96,44 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.raise_signal(signum)
 
 
-def flush_at_sigterm() -> None:
+def stop_flush_at_exit() -> None:
+    """Take every exit flush ``flush_at_exit`` registered off ``atexit``; never raises."""
+    try:
+        with _LOCK:
+            atexit.unregister(_at_exit)
+            _REGISTERED.clear()
+    except Exception:  # telemetry tear-down never fails the application
+        logger.debug("nemo_gym: could not unregister the exit flush", exc_info=True)
+
+
+def flush_at_sigterm() -> object:
     """Handle SIGTERM where nothing else does: the last counts leave, then the process ends
-    by that signal. Left alone where SIGTERM is ignored or has a handler already, and off
-    the main thread (only the main thread may set handlers). Never raises."""
+    by that signal (SIGTERM's default action, chained). Left alone where SIGTERM is ignored or
+    has a handler already, and off the main thread (only the main thread may set handlers).
+    Returns the handler replaced (``signal.SIG_DFL``), for ``stop_flush_at_sigterm``, or
+    ``None`` where nothing was installed. Never raises."""
     try:
         if threading.current_thread() is not threading.main_thread():
             logger.debug("nemo_gym: instrument() ran off the main thread; SIGTERM not handled")
-            return
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            return None
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
+            return previous
     except Exception:  # telemetry set-up never fails the application
         logger.debug("nemo_gym: could not handle SIGTERM", exc_info=True)
+    return None
 
 
-def stop_flush_at_sigterm() -> None:
-    """Give SIGTERM its default action back, if our handler is still the one installed."""
+def stop_flush_at_sigterm(previous: object) -> None:
+    """Give SIGTERM back ``previous`` (what ``flush_at_sigterm`` returned), if our handler is
+    still the one installed; a handler set after ours is left alone. Never raises."""
     try:
         if (
-            threading.current_thread() is threading.main_thread()
+            previous is not None
+            and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is _on_sigterm
         ):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
     except Exception:
-        logger.debug("nemo_gym: could not restore SIGTERM's default action", exc_info=True)
+        logger.debug("nemo_gym: could not restore SIGTERM's handler", exc_info=True)

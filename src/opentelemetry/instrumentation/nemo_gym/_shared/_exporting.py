@@ -3,10 +3,10 @@
 Telemetry that nobody exports should cost nothing, so the timed connector and the resource
 sampler are only switched on when the global (or given) provider is an SDK provider that is
 not disabled and has somewhere to send data. The SDK exposes no public "has readers" or "has
-processors" question, so the answer reads its private state here, in one place, through
-``getattr`` with safe defaults: when the SDK changes shape we answer "not exporting", which
-turns our telemetry off rather than breaking the application, and say so once, as a warning
-naming the attribute that is gone (the status line then gives the same reason).
+processors" question, so the answer reads its private state through ``_otel_private`` (the one
+module that does): when the SDK changes shape we answer "not exporting", which turns our
+telemetry off rather than breaking the application, and say so once, as a warning naming the
+attribute that is gone (the status line then gives the same reason).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
+from opentelemetry.instrumentation.nemo_gym._shared import _otel_private
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _common_refusal(
             f"no SDK {kind} (the global one is a {type(provider).__name__.lstrip('_')}; "
             f"{_INSTALL_HINT.format(kind=kind)})"
         )
-    if getattr(provider, "_disabled", False):
+    if _otel_private.provider_disabled(provider):
         return f"the SDK {kind} is disabled"
     return None
 
@@ -111,25 +112,8 @@ def metrics_exported(meter_provider: metrics.MeterProvider | None = None) -> boo
     return metrics_export_status(meter_provider)[0]
 
 
-def _metric_readers(provider: SdkMeterProvider) -> tuple[object, ...] | None:
-    # Newer SDKs can add and remove readers after construction (add_metric_reader); the
-    # measurement consumer's storages (keyed by reader) are then the live set, while
-    # _metric_readers only remembers the constructor's argument. Older SDKs have just the latter.
-    # None: neither is there (an SDK of another shape), which is not the same as no reader.
-    consumer = getattr(provider, "_measurement_consumer", None)
-    storages = getattr(consumer, "_reader_storages", None)
-    for readers in (storages, getattr(provider, "_metric_readers", None)):
-        if readers is None:
-            continue
-        try:
-            return tuple(readers)
-        except TypeError:
-            continue
-    return None
-
-
 def _metric_reader_count(provider: SdkMeterProvider) -> int | None:
-    readers = _metric_readers(provider)
+    readers = _otel_private.metric_readers(provider)
     return None if readers is None else len(readers)
 
 
@@ -141,19 +125,8 @@ def metric_export_in_flight(meter_provider: object) -> bool:
     """
     if not isinstance(meter_provider, SdkMeterProvider):
         return False
-    for reader in _metric_readers(meter_provider) or ():
-        lock = getattr(reader, "_export_lock", None)
-        locked = getattr(lock, "locked", None)
-        if callable(locked) and locked():
-            return True
-    return False
-
-
-def _span_processors(tracer_provider: SdkTracerProvider) -> tuple[object, ...] | None:
-    # None: the SDK keeps its processors elsewhere now, which is not the same as none.
-    multi = getattr(tracer_provider, "_active_span_processor", None)
-    processors = getattr(multi, "_span_processors", None)
-    return tuple(processors) if isinstance(processors, tuple | list) else None
+    readers = _otel_private.metric_readers(meter_provider) or ()
+    return any(_otel_private.reader_exporting(reader) for reader in readers)
 
 
 def start_last_exports(meter_provider: object) -> tuple[threading.Thread, ...]:
@@ -170,16 +143,9 @@ def start_last_exports(meter_provider: object) -> tuple[threading.Thread, ...]:
     """
     if not isinstance(meter_provider, SdkMeterProvider):
         return ()
-    threads = []
-    for reader in _metric_readers(meter_provider) or ():
-        stop = getattr(reader, "_shutdown_event", None)
-        ticker = getattr(reader, "_daemon_thread", None)
-        if not isinstance(stop, threading.Event) or not isinstance(ticker, threading.Thread):
-            continue
-        if ticker.is_alive():
-            stop.set()
-            threads.append(ticker)
-    return tuple(threads)
+    readers = _otel_private.metric_readers(meter_provider) or ()
+    stopped = (_otel_private.stop_periodic_thread(reader) for reader in readers)
+    return tuple(thread for thread in stopped if thread is not None)
 
 
 def export_metrics_now(meter_provider: object, timeout_millis: float) -> bool:
@@ -195,15 +161,13 @@ def export_metrics_now(meter_provider: object, timeout_millis: float) -> bool:
     if not isinstance(meter_provider, SdkMeterProvider):
         return True
     succeeded = True
-    for reader in _metric_readers(meter_provider) or ():
-        collect = getattr(reader, "_collect", None)
-        lock = getattr(reader, "_export_lock", None)
-        exporter = getattr(reader, "_exporter", None)
-        export = getattr(exporter, "export", None)
-        if not callable(collect) or lock is None or not callable(export):
+    for reader in _otel_private.metric_readers(meter_provider) or ():
+        periodic = _otel_private.collect_and_export(reader)
+        if periodic is None:
             force_flush = getattr(reader, "force_flush", None)
             succeeded = callable(force_flush) and bool(force_flush(timeout_millis)) and succeeded
             continue
+        collect, lock, export = periodic
         collected = collect(reader, timeout_millis=timeout_millis)
         if collected is None:
             continue
@@ -218,7 +182,7 @@ def span_processors(tracer_provider: trace.TracerProvider) -> tuple[object, ...]
     where the SDK keeps them where this module cannot read them."""
     if not isinstance(tracer_provider, SdkTracerProvider):
         return ()
-    return _span_processors(tracer_provider) or ()
+    return _otel_private.span_processors(tracer_provider) or ()
 
 
 def traces_export_status(
@@ -235,7 +199,7 @@ def traces_export_status(
     refusal = _common_refusal(provider, SdkTracerProvider, "TracerProvider")
     if refusal is not None or not isinstance(provider, SdkTracerProvider):
         return False, refusal or "no SDK TracerProvider"
-    processors = _span_processors(provider)
+    processors = _otel_private.span_processors(provider)
     if processors is None:
         return False, _unreadable(_NO_PROCESSORS, "telemetry that needs a span processor")
     destinations = sum(1 for p in processors if not isinstance(p, ignore))

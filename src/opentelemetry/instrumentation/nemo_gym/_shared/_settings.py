@@ -125,6 +125,7 @@ def validate_all() -> None:
         loop_lag_interval_s,
         rollout_span_enabled,
         ray_propagation_enabled,
+        fresh_request_context_enabled,
     ):
         read()
 
@@ -214,6 +215,10 @@ def rollout_span_enabled() -> bool:
 
 def ray_propagation_enabled() -> bool:
     return read_bool(env.OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION, True)
+
+
+def fresh_request_context_enabled() -> bool:
+    return read_bool(env.OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT, True)
 
 
 DEFAULT_LOOP_LAG_INTERVAL_MS = 100.0

@@ -83,7 +83,10 @@ def _connection_pool_status(kwargs: Mapping[str, Any], pool_unfit: Callable[[], 
 def _sandbox_status(kwargs: Mapping[str, Any], own_span_processors: tuple[type, ...]) -> str:
     off = _switched_off(kwargs, "sandbox_resources", env.OTEL_PYTHON_NEMO_GYM_SANDBOX_RESOURCES)
     if off is not None:
-        return f"sandbox_resources=off ({off})"
+        # Off means the instrumentor traces no provider by itself; a provider the application
+        # wraps (traced_provider) still records, as the quickstart's sandbox half does.
+        wrapped = "only providers wrapped with traced_provider() are traced"
+        return f"sandbox_resources=off ({off}; {wrapped})"
     exporting, reason = _exporting.traces_export_status(
         kwargs.get("tracer_provider"), ignore=own_span_processors
     )

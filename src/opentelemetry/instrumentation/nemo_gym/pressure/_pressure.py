@@ -32,19 +32,17 @@ While NeMo Gym's own observer is loaded and recording (``nemo_gym_recording``), 
 of these: the lag ticks, collections and in-flight observations record nothing, and the
 process metrics are not started.
 
-Everything starts with ``start(provider, loop)``, on the loop's thread: the probe once per
-loop, the rest once per process; ``stop()`` ends it all. The lag buckets (1 ms to 10 s) and
+Everything belongs to one ``PressureMetrics``, made and kept by the instrumentor: its
+``start(provider, loop)``, on the loop's thread, starts the probe once per loop, the rest once
+per process; its ``stop()`` ends it all. The lag buckets (1 ms to 10 s) and
 the pause buckets (0.05 ms to 1 s) are ours: the observer page gives none.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import gc
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -53,11 +51,11 @@ from typing import Any, Final
 from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
+from opentelemetry.instrumentation.nemo_gym._shared._buckets import ladder
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
     nemo_gym_recording,
 )
-from opentelemetry.instrumentation.nemo_gym.pressure._loop_lag import LoopLagProbe
 
 __all__ = [
     "ATTR_GC_GENERATION",
@@ -71,11 +69,7 @@ __all__ = [
     "NEMO_GYM_OBSERVER_MODULE",
     "PROCESS_METRICS",
     "InFlightApp",
-    "configure",
     "nemo_gym_observer_records",
-    "start",
-    "stop",
-    "wrap_app",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,39 +88,10 @@ ATTR_GC_GENERATION: Final = "nemo.gym.gc.generation"
 
 # A healthy loop runs a timer within a millisecond; one held by synchronous work, for
 # seconds. Boundaries across both, so a heatmap shows either end.
-LOOP_LAG_BUCKETS_MS: Final = (
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1_000.0,
-    2_500.0,
-    5_000.0,
-    10_000.0,
-)
+LOOP_LAG_BUCKETS_MS: Final = ladder(1.0, 10_000.0)
 # A young-generation collection takes tens of microseconds, a full one of a large heap
 # hundreds of milliseconds.
-GC_PAUSE_BUCKETS_MS: Final = (
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1_000.0,
-)
+GC_PAUSE_BUCKETS_MS: Final = (0.05, *ladder(0.1, 1_000.0))
 
 # opentelemetry-instrumentation-system-metrics' configuration: these four process metrics
 # only (its default also samples every disk, network interface and CPU of the host).
@@ -329,125 +294,3 @@ class _ProcessPressure:
     def record_lag(self, lag_ms: float) -> None:
         if not nemo_gym_observer_records():
             self.lag.record(lag_ms)
-
-
-_LOCK = threading.Lock()
-_INTERVAL_S = 0.1
-_VERSION = ""
-_PROCESS: _ProcessPressure | None = None
-_SYSTEM_METRICS: Any = None  # the SystemMetricsInstrumentor we instrumented
-# Each loop's probe, weakly on both sides: a probe refers to its loop (it schedules on it), so a
-# strong value would keep its own key, and with it every loop that ever built a connector, alive
-# for the life of the process. A running probe is kept alive by its timer handle in the loop's
-# schedule, which ``loop.close()`` clears (or by the loop itself while it is garbage, unclosed):
-# the probe then goes with its loop, and the entry with both.
-_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopLagProbe]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def configure(interval_s: float, version: str) -> None:
-    """The probe interval and instrumentation version for what ``start`` starts next."""
-    global _INTERVAL_S, _VERSION
-    _INTERVAL_S = interval_s
-    _VERSION = version
-
-
-def _process_pressure(provider: metrics.MeterProvider) -> _ProcessPressure:
-    """This process's instruments, made and the GC callback installed on first use."""
-    global _PROCESS
-    with _LOCK:
-        if _PROCESS is None:
-            _PROCESS = _ProcessPressure(provider, _VERSION)
-            gc.callbacks.append(_PROCESS.gc)
-            _start_process_metrics(provider)
-        return _PROCESS
-
-
-def _start_process_metrics(provider: metrics.MeterProvider) -> None:
-    """Instrument opentelemetry-instrumentation-system-metrics for ``PROCESS_METRICS``, where
-    it is installed and not instrumented already (then it stays as its instrumentor made it)."""
-    global _SYSTEM_METRICS
-    try:
-        from opentelemetry.instrumentation.system_metrics import (  # the pressure extra
-            SystemMetricsInstrumentor,
-        )
-    except ImportError:
-        _ONCE(
-            "no-system-metrics",
-            logging.DEBUG,
-            "nemo_gym: opentelemetry-instrumentation-system-metrics is not installed "
-            "(the pressure extra); no process metrics",
-        )
-        return
-    # BaseInstrumentor keeps one instance per class, and constructing it again replaces the
-    # configuration of one already instrumented (by opentelemetry-instrument), whose callbacks
-    # read it: so that instance is looked at first, and left alone.
-    existing = getattr(SystemMetricsInstrumentor, "_instance", None)
-    if existing is not None and existing.is_instrumented_by_opentelemetry:
-        return
-    instrumentor = SystemMetricsInstrumentor(config=dict(PROCESS_METRICS))
-    instrumentor.instrument(meter_provider=provider)
-    _SYSTEM_METRICS = instrumentor
-
-
-def start(provider: metrics.MeterProvider, loop: asyncio.AbstractEventLoop) -> bool:
-    """Start the pressure metrics of ``loop``'s process on ``provider`` (the first provider
-    given stays the process's until ``stop``); call on ``loop``'s thread. Starts nothing
-    while NeMo Gym's observer records. Whether they run now; never raises (a failure is
-    logged once)."""
-    try:
-        if nemo_gym_observer_records():
-            _ONCE("observer", logging.DEBUG, "nemo_gym: NeMo Gym's observer records the pressure")
-            return False
-        pressure = _process_pressure(provider)
-        with _LOCK:
-            known = _PROBES.get(loop)
-            probe = known() if known is not None else None
-            if probe is None:
-                probe = LoopLagProbe(loop, _INTERVAL_S, pressure.record_lag)
-                _PROBES[loop] = weakref.ref(probe)
-        probe.start()
-    except Exception as exc:  # noqa: BLE001 - telemetry never stops a server from starting
-        _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: pressure: %r", exc)
-        return False
-    return True
-
-
-def wrap_app(app: Any) -> Any:
-    """``app`` counted by an ``InFlightApp`` (once) while the pressure metrics run; else
-    ``app`` itself."""
-    pressure = _PROCESS
-    if pressure is None or isinstance(app, InFlightApp):
-        return app
-    count = _InFlight()
-    pressure.in_flight.add(count)
-    return InFlightApp(app, count)
-
-
-def stop() -> None:
-    """Stop every probe, remove the GC callback and uninstrument the system metrics we
-    instrumented. Instruments already made stay with their provider (the SDK keeps them), so
-    a later ``start`` on another provider makes new ones."""
-    global _PROCESS, _SYSTEM_METRICS
-    with _LOCK:
-        for loop, known in list(_PROBES.items()):
-            probe = known()
-            if probe is None:
-                continue
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop or not loop.is_running():
-                probe.stop()
-            elif not loop.is_closed():
-                loop.call_soon_threadsafe(probe.stop)
-        _PROBES.clear()
-        if _PROCESS is not None:
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(_PROCESS.gc)
-            _PROCESS = None
-        if _SYSTEM_METRICS is not None:
-            _SYSTEM_METRICS.uninstrument()
-            _SYSTEM_METRICS = None

@@ -4,10 +4,10 @@ NeMo Gym serves each of its servers' FastAPI apps with uvicorn (``uvicorn.run`` 
 ``nemo_gym.server_utils``). ``uvicorn.Server.startup`` runs on the serving loop, after the
 app is loaded and before the first connection is accepted; while the instrumentor's
 ``pressure_patch()`` is installed it first starts the pressure metrics for that loop
-(``_pressure.start``) and wraps the loaded app in ``InFlightApp``, which counts the requests
+(``PressureMetrics.start``) and wraps the loaded app in ``InFlightApp``, which counts the requests
 in flight and changes nothing else. The lifespan and every connection then run the wrapped
 app. (Each request's fresh OpenTelemetry context is a hook of its own,
-``_trace_context.fresh_context_patch``, installed whatever the pressure setting.)
+``integrations.uvicorn._request_context``, with a switch of its own.)
 
 Nothing here imports uvicorn: a post-import hook patches ``Server`` when the application
 imports ``uvicorn.server``, or at once if it already has. Uninstalling restores it.
@@ -24,7 +24,7 @@ from opentelemetry import metrics
 
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._patching import Patch, methods_of
-from opentelemetry.instrumentation.nemo_gym.pressure import _pressure
+from opentelemetry.instrumentation.nemo_gym.pressure._running import PressureMetrics
 
 __all__ = ["MODULE", "pressure_patch"]
 
@@ -36,18 +36,22 @@ _CLASS = "Server"
 _METHOD = "startup"
 
 
-def _starting(server: object, provider: metrics.MeterProvider | None) -> None:
+def _starting(
+    server: object, pressure: PressureMetrics, provider: metrics.MeterProvider | None
+) -> None:
     """Start the pressure metrics for this server's loop and count its app's requests."""
-    if provider is None or not _pressure.start(provider, asyncio.get_running_loop()):
+    if provider is None or not pressure.start(provider, asyncio.get_running_loop()):
         return
     config = getattr(server, "config", None)
     app = getattr(config, "loaded_app", None)
     if app is not None:
-        config.loaded_app = _pressure.wrap_app(app)  # type: ignore[union-attr]
+        config.loaded_app = pressure.wrap_app(app)  # type: ignore[union-attr]
 
 
-def pressure_patch(provider: Callable[[], metrics.MeterProvider | None]) -> Patch:
-    """A new ``Patch`` that starts the pressure metrics at each uvicorn server's startup while
+def pressure_patch(
+    pressure: PressureMetrics, provider: Callable[[], metrics.MeterProvider | None]
+) -> Patch:
+    """A new ``Patch`` that starts ``pressure`` at each uvicorn server's startup while
     installed, on ``provider()``'s meter provider, resolved when a server starts (the global
     one may be set after ``instrument()``); ``None`` from it means not exporting, nothing
     started. The instrumentor makes one per ``instrument()``."""
@@ -59,7 +63,7 @@ def pressure_patch(provider: Callable[[], metrics.MeterProvider | None]) -> Patc
         kwargs: dict[str, Any],
     ) -> Any:
         try:
-            _starting(instance, provider())
+            _starting(instance, pressure, provider())
         except Exception as exc:  # noqa: BLE001 - a server starts whatever happens here
             _ONCE(("start", type(exc).__name__), logging.WARNING, "nemo_gym: uvicorn: %r", exc)
         return wrapped(*args, **kwargs)

@@ -45,6 +45,10 @@ from typing import Any, Final
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog, shown_value
+from opentelemetry.instrumentation.nemo_gym._shared._settings import parse_bool
+from opentelemetry.instrumentation.nemo_gym.environment_variables import (
+    OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION,
+)
 from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import RUN_ID_VARIABLE
 
 __all__ = ["SETUP_HOOK", "flush", "runtime_env", "setup_worker"]
@@ -180,7 +184,7 @@ def setup_worker() -> None:
             take_carrier_off_here,
         )
 
-        sent_here = _runs_setup_worker({"env_vars": os.environ})
+        sent_here = _takes_context({"env_vars": os.environ})
         if sent_here and take_carrier_off_here() is not None:
             logger.debug("nemo_gym: no instrumentor takes the trace context off; setup_worker does")
     except Exception:
@@ -298,6 +302,19 @@ def _runs_setup_worker(runtime_env: object) -> bool:
     if not isinstance(variables, Mapping):
         return False
     return variables.get(_setup_hook_variable()) == SETUP_HOOK
+
+
+def _takes_context(runtime_env: object) -> bool:
+    """Whether the workers of a Ray ``runtime_env`` take a caller's trace context off: they run
+    ``setup_worker`` and their ``OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION`` (``runtime_env()``
+    copies the caller's) does not turn propagation off. Callers send the context only to those,
+    and only those workers patch Ray to take it off, so with the switch off nothing of Ray's
+    is patched on either side."""
+    if not _runs_setup_worker(runtime_env) or not isinstance(runtime_env, Mapping):
+        return False
+    variables = runtime_env.get("env_vars")
+    raw = variables.get(OTEL_PYTHON_NEMO_GYM_RAY_PROPAGATION) if variables else None
+    return not isinstance(raw, str) or parse_bool(raw) is not False
 
 
 def _with_our_detector(configured: str) -> str:

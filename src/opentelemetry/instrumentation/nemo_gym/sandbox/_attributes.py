@@ -47,7 +47,7 @@ _MAX_INT = (1 << 63) - 1
 
 
 def _string_array(values: Sequence[str]) -> Attribute:
-    # OpenTelemetry attribute values include homogeneous sequences; the page's ``Attribute``
+    # OpenTelemetry attribute values include homogeneous sequences; the API's ``Attribute``
     # alias names only the scalars, so a string array is cast to it here, in one place.
     return cast(Attribute, tuple(values))
 

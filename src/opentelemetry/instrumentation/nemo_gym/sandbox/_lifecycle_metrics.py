@@ -23,16 +23,16 @@ The histograms' buckets end at 30 minutes (250 ms ... 1,800,000 ms). A create, c
 transfer that raised also carries ``error.type`` (the exception's class name; for a command,
 also a result's ``error_type``); attributes are never a sandbox id.
 
-While NeMo Gym's own ``gym_metrics`` module is loaded and recording (its
-``metrics_exporting()``, else its telemetry handle's ``is_exporting``), NeMo Gym records
-these itself and we record none of them, as the connection pool leaves NeMo Gym's own timed
-connectors alone. A sandbox counted +1 here is always counted -1 here, whatever happens
-meanwhile.
+While the application records these itself (``HOST.records_lifecycle()``, in
+``sandbox/_host.py``: for NeMo Gym, its own ``gym_metrics`` module loaded and recording), we
+record none of them, as the connection pool leaves NeMo Gym's own timed connectors alone. A
+sandbox counted +1 here is always counted -1 here, whatever happens meanwhile.
 
-**Usage totals**, fed by the usage samples of the resource records, per provider and per
-NeMo Gym server (``nemo.gym.server.name``: the server this process is, from
-``NEMO_GYM_CONFIG_PATH``, absent outside one), after the semantic conventions'
-``container.cpu.time`` (counter, ``s``, no ``cpu.mode``: the samples give the total only):
+**Usage totals**, fed by the usage samples of the resource records, per provider and per NeMo
+Gym server (``HOST.server_attributes()``: for NeMo Gym, ``nemo.gym.server.name``, the server
+this process is, from ``NEMO_GYM_CONFIG_PATH``, absent outside one), after the semantic
+conventions' ``container.cpu.time`` (counter, ``s``, no ``cpu.mode``: the samples give the
+total only):
 
 * ``gym.sandbox.cpu.time`` (counter, ``s``): the CPU time the sandboxes used, the increase of
   each sandbox's ``usage.cpu.time_s`` from one sample to the next (a first sample counts
@@ -48,7 +48,6 @@ methods never raise (a failure is logged once) and are thread-safe.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -59,13 +58,6 @@ from opentelemetry import metrics
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym._shared._once import OnceLog
 from opentelemetry.instrumentation.nemo_gym._shared._per_provider import PerProvider
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._identity import (
-    ATTR_SERVER_NAME,
-    server_name,
-)
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._recording import (
-    nemo_gym_recording,
-)
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     ATTR_ERROR_TYPE,
     ATTR_PROVIDER,
@@ -73,6 +65,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import (
     guarded_record,
     usage_value,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._host import HOST
 
 __all__ = [
     "ACTIVE",
@@ -81,11 +74,9 @@ __all__ = [
     "DURATION_BUCKETS_MS",
     "EXEC_DURATION",
     "MEMORY_PEAK",
-    "NEMO_GYM_METRICS_MODULE",
     "STARTUP_DURATION",
     "TRANSFER_DURATION",
     "SandboxLifecycleMetrics",
-    "nemo_gym_records_lifecycle",
 ]
 
 logger = logging.getLogger(__name__)
@@ -123,20 +114,12 @@ CPU_TIME_UNIT: Final = "s"
 MEMORY_PEAK: Final = "gym.sandbox.memory.peak"
 MEMORY_PEAK_UNIT: Final = "By"
 
-NEMO_GYM_METRICS_MODULE: Final = "nemo_gym.telemetry.gym_metrics"
-
 _MIB: Final = 1024 * 1024
 # Failed creates remembered for retry counting; the oldest are dropped beyond this.
 _MAX_FAILED_CREATES: Final = 1024
 
 # (provider name, server scope, sandbox id), as the sandbox state keys a sandbox (_state).
 SandboxKey = tuple[str, str | None, str]
-
-
-def nemo_gym_records_lifecycle() -> bool:
-    """Whether NeMo Gym's own ``gym_metrics`` module is loaded and recording (see
-    ``nemo_gym_recording``). Never imports NeMo Gym, never raises."""
-    return nemo_gym_recording(NEMO_GYM_METRICS_MODULE)
 
 
 def _number(sample: Mapping[str, Any], quantity: str) -> float | None:
@@ -204,8 +187,8 @@ class SandboxLifecycleMetrics:
         # (provider object id, spec object id) of failed creates -> the spec, kept so its id
         # is not reused while remembered.
         self._failed: OrderedDict[tuple[int, int], object] = OrderedDict()
-        # (provider label, server name) -> the highest memory peak recorded, in bytes.
-        self._peaks: dict[tuple[str, str | None], int] = {}
+        # (provider label, server attributes) -> the highest memory peak recorded, in bytes.
+        self._peaks: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
 
     @classmethod
     def of(
@@ -236,7 +219,7 @@ class SandboxLifecycleMetrics:
         or the ``error_type`` it failed with. ``retry_of`` is ``(provider object, spec)``:
         a create of a spec whose previous create through that provider failed is a retry."""
         retried = self._retry_seen(retry_of, failed=error_type is not None)
-        if nemo_gym_records_lifecycle():
+        if HOST.records_lifecycle():
             return
         if retried:
             guarded_record(self._retries.add, 1, self._attributes(provider, None))
@@ -248,7 +231,7 @@ class SandboxLifecycleMetrics:
 
     def connected(self, provider: str, key: SandboxKey) -> None:
         """``provider`` handed back a handle to an existing sandbox: it is held now."""
-        if not nemo_gym_records_lifecycle():
+        if not HOST.records_lifecycle():
             self._hold(provider, key)
 
     def released(self, *keys: SandboxKey) -> None:
@@ -261,14 +244,14 @@ class SandboxLifecycleMetrics:
 
     def executed(self, provider: str, duration_s: float, error_type: str | None = None) -> None:
         """One command in a sandbox of ``provider`` took ``duration_s``."""
-        if not nemo_gym_records_lifecycle():
+        if not HOST.records_lifecycle():
             guarded_record(
                 self._exec.record, duration_s * 1000.0, self._attributes(provider, error_type)
             )
 
     def transferred(self, provider: str, duration_s: float, error_type: str | None = None) -> None:
         """One file upload or download with a sandbox of ``provider`` took ``duration_s``."""
-        if not nemo_gym_records_lifecycle():
+        if not HOST.records_lifecycle():
             guarded_record(
                 self._transfer.record, duration_s * 1000.0, self._attributes(provider, error_type)
             )
@@ -302,10 +285,8 @@ class SandboxLifecycleMetrics:
     ) -> None:
         """Add the CPU time used since the sandbox's ``previous`` sample and raise the memory
         high-water mark of ``provider`` and this process's NeMo Gym server."""
-        attributes = {ATTR_PROVIDER: self._providers(provider)}
-        server = server_name(os.environ)
-        if server is not None:
-            attributes[ATTR_SERVER_NAME] = server
+        server = dict(HOST.server_attributes())
+        attributes = {**server, ATTR_PROVIDER: self._providers(provider)}
         cpu = _number(sample, "cpu.time_s")
         if cpu is not None:
             before = _number(previous or {}, "cpu.time_s")
@@ -318,7 +299,7 @@ class SandboxLifecycleMetrics:
         if peak_mib is None:
             return
         peak = round(peak_mib * _MIB)
-        slot = (attributes[ATTR_PROVIDER], server)
+        slot = (attributes[ATTR_PROVIDER], tuple(sorted(server.items())))
         with self._lock:
             if peak <= self._peaks.get(slot, -1):
                 return

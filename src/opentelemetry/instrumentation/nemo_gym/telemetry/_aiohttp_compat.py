@@ -17,11 +17,21 @@ timed, and the connector stays plain where they differ.
 Everything here is synchronous, never blocks and never raises. ``pool_state`` may run on an
 exporter's thread while the event loop changes the connector: it copies each container in
 one C-level call (atomic under the GIL) before looking inside.
+
+**Free-threaded Python.** Without the GIL (CPython 3.13+ built free-threaded, where
+``sys._is_gil_enabled()`` is false) that copy is no longer one step no other thread can enter,
+and this package has not been run on such an interpreter. So there ``pool_state`` refuses:
+it reads nothing and answers an empty state (``gil_disabled()`` is asked at each read, since
+importing an extension module that needs the GIL turns it back on). The pool-state gauges
+(open connections, waiting requests) then report nothing, with one warning from the pool
+telemetry; the queue waits and connect counts, recorded on the event loop's own thread, are
+unaffected.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -76,6 +86,15 @@ class PoolState:
     waiting: dict[Destination, int] = field(default_factory=dict)
 
 
+def gil_disabled() -> bool:
+    """Whether this interpreter runs without the GIL now (free-threaded CPython)."""
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)  # CPython 3.13+
+    try:
+        return callable(is_gil_enabled) and not is_gil_enabled()
+    except Exception:  # noqa: BLE001 - an answer we cannot get counts as "with the GIL"
+        return False
+
+
 def _add(counts: dict[Destination, int], where: Destination | None, amount: int) -> None:
     if where is not None and amount:
         counts[where] = counts.get(where, 0) + amount
@@ -92,9 +111,12 @@ def pool_state(connector: object, destinations: Mapping[object, Destination]) ->
     ``destinations`` maps each connection (protocol) the connector created to its destination,
     because aiohttp's set of handed-out connections does not say where they go. Connections
     still being established (aiohttp's placeholders) are in no map and so are not active.
-    Never raises: a part that cannot be read is left out.
+    Never raises: a part that cannot be read is left out. Without the GIL, nothing is read
+    (see the module's docstring).
     """
     state = PoolState()
+    if gil_disabled():
+        return state
     try:
         for key, idle in _items(getattr(connector, "_conns", None)):
             _add(state.idle, destination(key), len(idle))

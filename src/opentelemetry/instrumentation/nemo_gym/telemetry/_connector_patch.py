@@ -16,7 +16,8 @@ Where the installed aiohttp's ``connect``, ``_wait_for_available_connection`` or
 stays plain and a warning says why, once.
 
 Only ``TCPConnector(...)`` itself is switched: subclasses are somebody's deliberate choice,
-and NeMo Gym's own page-004 telemetry (meter scope ``nemo.lens``) times its pools with a
+and NeMo Gym's own connection-pool telemetry (``nemo_gym.telemetry.connection_pool``, meter
+scope ``nemo.lens``) times its pools with a
 ``QueueTimedTCPConnector`` subclass of its own, which must never be timed twice.
 ``uninstall()`` puts aiohttp's ``__init__`` back exactly; if another library wrapped it after
 us, its wrapper stays, pointed past ours.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
+from opentelemetry.instrumentation.nemo_gym._shared._buckets import ladder
 
 # --- nemo_gym.telemetry.connection_pool's names (the default, what NeMo Gym's dashboards use) -
 
@@ -23,19 +24,7 @@ QUEUE_DURATION_DESCRIPTION: Final = (
 QUEUE_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.01,
     0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1000.0,
+    *ladder(0.1, 1000.0),
     5000.0,
     30000.0,
 )
@@ -117,3 +106,13 @@ CONNECTIONS_CREATED_UNIT: Final = "{connection}"
 CONNECTIONS_CREATED_DESCRIPTION: Final = (
     "TCP connections the aiohttp pools actually established, per destination."
 )
+
+# Each observable instrument's unit and description, by name (the pool telemetry registers them
+# from this table).
+UNITS_AND_DESCRIPTIONS: Final[dict[str, tuple[str, str]]] = {
+    CONNECT_TOTAL: (CONNECT_TOTAL_UNIT, CONNECT_TOTAL_DESCRIPTION),
+    CONNECTIONS_CREATED: (CONNECTIONS_CREATED_UNIT, CONNECTIONS_CREATED_DESCRIPTION),
+    OPEN_CONNECTIONS: (OPEN_CONNECTIONS_UNIT, OPEN_CONNECTIONS_DESCRIPTION),
+    WAITING_REQUESTS: (WAITING_REQUESTS_UNIT, WAITING_REQUESTS_DESCRIPTION),
+    LIMIT: (LIMIT_UNIT, LIMIT_DESCRIPTION),
+}

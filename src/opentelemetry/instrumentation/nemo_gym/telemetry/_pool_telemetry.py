@@ -50,6 +50,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._aiohttp_compat import (
     Destination,
     PoolState,
     destination,
+    gil_disabled,
     pool_state,
 )
 from opentelemetry.instrumentation.nemo_gym.telemetry._destination_budget import (
@@ -221,38 +222,19 @@ class PoolTelemetry:
                 description=names.TIME_IN_QUEUE_DESCRIPTION,
                 explicit_bucket_boundaries_advisory=names.TIME_IN_QUEUE_BUCKETS,
             )
-        # Registered first: the SDK runs callbacks in registration order, and this one
+        # Registered in this order: the SDK runs callbacks in registration order, and the first
         # flushes the buffered waits before anything reads the histograms.
-        meter.create_observable_counter(
-            names.CONNECT_TOTAL,
-            callbacks=[self._observe_connects],
-            unit=names.CONNECT_TOTAL_UNIT,
-            description=names.CONNECT_TOTAL_DESCRIPTION,
+        counter, up_down = meter.create_observable_counter, meter.create_observable_up_down_counter
+        observed = (
+            (counter, names.CONNECT_TOTAL, self._observe_connects),
+            (counter, names.CONNECTIONS_CREATED, self._observe_created),
+            (up_down, names.OPEN_CONNECTIONS, self._observe_open_connections),
+            (up_down, names.WAITING_REQUESTS, self._observe_waiting),
+            (up_down, names.LIMIT, self._observe_limits),
         )
-        meter.create_observable_counter(
-            names.CONNECTIONS_CREATED,
-            callbacks=[self._observe_created],
-            unit=names.CONNECTIONS_CREATED_UNIT,
-            description=names.CONNECTIONS_CREATED_DESCRIPTION,
-        )
-        meter.create_observable_up_down_counter(
-            names.OPEN_CONNECTIONS,
-            callbacks=[self._observe_open_connections],
-            unit=names.OPEN_CONNECTIONS_UNIT,
-            description=names.OPEN_CONNECTIONS_DESCRIPTION,
-        )
-        meter.create_observable_up_down_counter(
-            names.WAITING_REQUESTS,
-            callbacks=[self._observe_waiting],
-            unit=names.WAITING_REQUESTS_UNIT,
-            description=names.WAITING_REQUESTS_DESCRIPTION,
-        )
-        meter.create_observable_up_down_counter(
-            names.LIMIT,
-            callbacks=[self._observe_limits],
-            unit=names.LIMIT_UNIT,
-            description=names.LIMIT_DESCRIPTION,
-        )
+        for create, name, observe in observed:
+            unit, description = names.UNITS_AND_DESCRIPTIONS[name]
+            create(name, callbacks=[observe], unit=unit, description=description)
         _LIVE.add(self)
 
     # --- one per meter provider ---------------------------------------------------------------
@@ -428,7 +410,19 @@ class PoolTelemetry:
         return total
 
     def pool_states(self) -> Iterator[PoolState]:
-        """What each live timed connector holds right now."""
+        """What each live timed connector holds right now (nothing without the GIL, said once:
+        ``_aiohttp_compat`` says why)."""
+        if gil_disabled():
+            self._failures(
+                "free-threaded",
+                logging.WARNING,
+                "nemo_gym: the connection-pool state gauges (%s, %s) report nothing: this "
+                "Python runs without the GIL, and they would read aiohttp's pools from the "
+                "exporter's thread while the event loop changes them",
+                names.OPEN_CONNECTIONS,
+                names.WAITING_REQUESTS,
+            )
+            return
         for connector in self._live():
             counts = getattr(connector, "_nemo_gym_counts", None)
             if counts is not None:

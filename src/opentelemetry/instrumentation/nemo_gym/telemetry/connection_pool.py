@@ -84,25 +84,42 @@ _SERVER_NAME: contextvars.ContextVar[str] = contextvars.ContextVar(
 _current_server_name = _SERVER_NAME.get
 
 # Distinct configurations report_connection_pool_capacity() remembers (and so logs) per
-# process: a service that builds connectors with ever-new limits must not log forever.
+# process: a service that builds connectors with ever-new limits must not log forever. The
+# memo is the public function's, whoever calls it (the instrumentor, an application, the
+# CLI), so it lives as long as the process: "logged once per distinct configuration".
 _MAX_REPORTED_CAPACITIES: Final = 256
 _REPORTED_CAPACITIES: set[tuple[object, ...]] = set()
 _REPORTED_CAPACITIES_LOCK = threading.Lock()
 
 _PORT_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 
-# Where connectors constructed directly (QueueTimedTCPConnector(...), or
-# build_connection_pool_connector()) record: the instrumentor's telemetry while it is
-# instrumented (it may hold an explicit meter provider), else the global meter provider's.
-# Set and cleared by NemoGymInstrumentor only.
-_instrumented_telemetry: Callable[[], PoolTelemetry | None] | None = None
+
+class _InstrumentedTelemetry:
+    """Where connectors constructed directly (``QueueTimedTCPConnector(...)``, or
+    ``build_connection_pool_connector()``) record: the telemetry of the instrumentation that
+    is on (it may hold an explicit meter provider), else the global meter provider's.
+
+    Its lifetime is the instrumentor's: ``bind`` when its pool patch is installed, ``unbind``
+    when it is taken off; an instrumentor unbinds only what it bound, so a second one (a
+    subclass) taking its patch off leaves the first's in place.
+    """
+
+    def __init__(self) -> None:
+        self._source: Callable[[], PoolTelemetry | None] | None = None
+
+    def bind(self, source: Callable[[], PoolTelemetry | None] | None) -> None:
+        self._source = source
+
+    def unbind(self, source: Callable[[], PoolTelemetry | None] | None) -> None:
+        if self._source is source:
+            self._source = None
+
+    def current(self) -> PoolTelemetry | None:
+        source = self._source
+        return source() if source is not None else global_pool_telemetry()
 
 
-def _bind_instrumented_telemetry(source: Callable[[], PoolTelemetry | None] | None) -> None:
-    """Where directly constructed connectors record from now on (``None``: the global
-    provider's telemetry). Called by ``NemoGymInstrumentor`` only."""
-    global _instrumented_telemetry
-    _instrumented_telemetry = source
+_INSTRUMENTED: Final = _InstrumentedTelemetry()
 
 
 def set_server_name(server_name: str) -> contextvars.Token[str]:
@@ -144,10 +161,7 @@ def global_pool_telemetry() -> PoolTelemetry | None:
 
 
 def _telemetry_for_direct_construction() -> PoolTelemetry | None:
-    source = _instrumented_telemetry
-    if source is not None:
-        return source()
-    return global_pool_telemetry()
+    return _INSTRUMENTED.current()
 
 
 # Stands in for the global telemetry's lock while no meter provider is set.

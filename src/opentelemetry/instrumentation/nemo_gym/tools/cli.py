@@ -26,11 +26,6 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym import (
-    _report,
-    _server_venvs,
-    _stub_model,
-)
 from opentelemetry.instrumentation.nemo_gym.telemetry import connection_pool
 from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     FieldNames,
@@ -40,6 +35,7 @@ from opentelemetry.instrumentation.nemo_gym.telemetry._capacity import (
     capacity_line,
     capacity_warnings,
 )
+from opentelemetry.instrumentation.nemo_gym.tools import _report, _server_venvs, _stub_model
 from opentelemetry.instrumentation.nemo_gym.version import __version__
 
 EXIT_SAFE = 0

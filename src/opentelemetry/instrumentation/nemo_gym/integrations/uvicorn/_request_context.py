@@ -14,9 +14,11 @@ the other request, in the other request's trace: in a NeMo Gym deployment of 300
 legitimately precedes it) and runs each HTTP or WebSocket call with an empty OpenTelemetry
 context, so the instrumentation extracts the caller's context from the request's headers.
 ``fresh_context_patch()`` is the hook that puts it there: ``uvicorn.Server.startup`` wraps the
-loaded app before the first connection is accepted. The instrumentor installs it whatever the
-pressure metrics' setting (it concerns traces, not metrics); nothing here imports uvicorn (a
-post-import hook patches ``Server`` when the application imports ``uvicorn.server``).
+loaded app before the first connection is accepted. The instrumentor installs it while
+``OTEL_PYTHON_NEMO_GYM_FRESH_REQUEST_CONTEXT`` (``instrument(fresh_request_context=...)``) is
+on, the default, whatever the pressure metrics' setting (it concerns traces, not metrics);
+nothing here imports uvicorn (a post-import hook patches ``Server`` when the application imports
+``uvicorn.server``).
 Only OpenTelemetry's context is replaced, for the call's duration; the application's own
 context variables, its results, exceptions and cancellation pass through unchanged.
 """

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.instrumentation.nemo_gym.integrations.nemo_gym._prometheus_text import (
+from opentelemetry.instrumentation.nemo_gym.tools._prometheus_text import (
     Sample,
     histogram_quantile,
     parse_samples,
@@ -56,6 +56,17 @@ SANDBOX_CREATIONS = "gym_sandbox_creations_total"
 SANDBOX_OOM_KILLS = "gym_sandbox_oom_kills_total"
 SANDBOX_CPU_TIME = "gym_sandbox_cpu_time_seconds_total"
 TARGET_INFO = "target_info"
+# What the tables show: a process with none of these, and no NeMo Gym server name, has no row.
+_TABLED = frozenset(
+    {
+        CONNECT_TOTAL,
+        QUEUE_DURATION_BUCKET,
+        LOOP_LAG_BUCKET,
+        SANDBOX_CREATIONS,
+        SANDBOX_OOM_KILLS,
+        SANDBOX_CPU_TIME,
+    }
+)
 
 # Labels: the resource's (job, instance, nemo_run_id, nemo_gym_server_name) and the points'.
 RUN_LABEL = "nemo_run_id"
@@ -139,11 +150,22 @@ def _jobs(run: Run) -> str:
 def render(samples: Sequence[Sample], run: Run, other_runs: Sequence[str] = ()) -> str:
     """The report of ``run`` from ``samples``: a heading and the four tables."""
     mine = [s for s in samples if _process(s) in run.processes]
-    services = len({job for job, _ in run.processes})
-    lines = [
-        f"run {run.run_id}: {_plural(len(run.processes), 'process', 'processes')}, "
+    # Counted: the processes the tables have a row for (NeMo Gym's servers and commands, and
+    # any other that recorded what they show). Ray's dashboard and its agents export under the
+    # run's id too, with nothing to show: they are named apart, not counted.
+    tabled = {p for p in run.processes if p[0] in run.servers}
+    tabled |= {_process(s) for s in mine if s.name in _TABLED}
+    services = len({job for job, _ in tabled})
+    heading = (
+        f"run {run.run_id}: {_plural(len(tabled), 'process', 'processes')}, "
         f"{_plural(services, 'service', 'services')}"
-    ]
+    )
+    untabled = run.processes - tabled
+    if untabled:
+        jobs = ", ".join(sorted({job or "(no service name)" for job, _ in untabled}))
+        others = _plural(len(untabled), "process", "processes")
+        heading += f" (and {others} with nothing to report: {jobs})"
+    lines = [heading]
     if other_runs:
         lines.append(f"(the collector also holds runs {', '.join(other_runs)}: --run-id picks one)")
     for section in (_connections, _queue_waits, _loop_lag, _sandboxes):

@@ -1,0 +1,1 @@
+"""Hooks into uvicorn for tracing: each request it serves starts from an empty context."""
