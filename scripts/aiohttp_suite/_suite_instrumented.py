@@ -58,7 +58,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor
+from opentelemetry.instrumentation.nemo_gym import NemoGymInstrumentor, _PoolPatch
 from opentelemetry.instrumentation.nemo_gym.telemetry._instruments import (
     CONNECT_TOTAL,
     QUEUE_DURATION,
@@ -145,7 +145,10 @@ class _Recorder:
 
     def __init__(self, reader: InMemoryMetricReader, instrumentor: NemoGymInstrumentor) -> None:
         self._reader = reader
-        self._patch = instrumentor._pool_patch
+        # The instrumentor's own construction patch (kept with its other patches), asked
+        # for the telemetry exactly as it asks at each TCPConnector construction.
+        pools = [p for p in instrumentor._patches if isinstance(p, _PoolPatch)]
+        self._patch = pools[0]._patch if pools else None
         if self._patch is None or not self._patch.installed:
             raise pytest.UsageError("NemoGymInstrumentor installed no connection-pool patch")
         self._timed_base_class = timed_base_connector_class()
