@@ -22,9 +22,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import require_service
 from engine_proxy import EngineProxy, engine_proxy
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import creating
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     ContainerResourceAmounts,
     SandboxHandle,
@@ -38,6 +41,11 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import (
     ID_LABEL,
     OpenSandboxReader,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
+    PREFIX,
+    ResourceSampler,
+)
+from span_support import ERROR
 from test_docker_provider import (  # noqa: F401 - engine_ready: a fixture, used by name
     _image,
     _socket,
@@ -45,6 +53,7 @@ from test_docker_provider import (  # noqa: F401 - engine_ready: a fixture, used
 )
 
 BURST = 4
+IDENTITY = {PREFIX + "provider": "docker", PREFIX + "id": "burst"}
 
 
 class _CliProvider:
@@ -79,9 +88,7 @@ def containers(engine_ready: None) -> Iterator[list[str]]:  # noqa: F811 - the f
             )  # fmt: skip
         yield names
     finally:
-        subprocess.run(
-            [binary, "rm", "-f", *names], check=False, capture_output=True, timeout=120
-        )
+        subprocess.run([binary, "rm", "-f", *names], check=False, capture_output=True, timeout=120)
 
 
 @pytest.fixture
@@ -116,7 +123,10 @@ async def test_docker_cli_readers_of_a_burst_share_one_batch_and_the_daemon_read
     readers = [DockerCliReader(_CliProvider(binary)) for _ in containers]
     assert len({id(reader.engine) for reader in readers}) == 1
     allocations = await asyncio.gather(
-        *(reader.resource_allocation(_handle(name)) for reader, name in zip(readers, containers))
+        *(
+            reader.resource_allocation(_handle(name))
+            for reader, name in zip(readers, containers, strict=True)
+        )
     )
     assert readers[0].engine.inspect_calls == 1
     assert dict(proxy.counts) == {"_ping": 1, "libpod.info": 1, "containers.inspect": BURST}
@@ -136,7 +146,7 @@ async def test_docker_cli_readers_of_a_burst_share_one_batch_and_the_daemon_read
     # otel_docker's inspects, and no daemon read of its own.
     assert dict(proxy.counts) == {"_ping": 1, "libpod.info": 1, "containers.inspect": 2 * BURST}
 
-    for reader, name in zip(readers, containers):
+    for reader, name in zip(readers, containers, strict=True):
         sample = await reader.resource_sample(_handle(name))
         assert str(sample["usage.source"]).startswith("cgroup.v")
     assert sum(proxy.counts.values()) == 2 + 2 * BURST
@@ -177,8 +187,75 @@ async def test_opensandbox_lookups_of_a_burst_are_one_list(
     in one list request, then read each allocation with one inspect."""
     readers = [OpenSandboxReader(_CliProvider(_docker())) for _ in containers]
     allocations = await asyncio.gather(
-        *(r.resource_allocation(_handle(name)) for r, name in zip(readers, containers))
+        *(r.resource_allocation(_handle(name)) for r, name in zip(readers, containers, strict=True))
     )
     assert proxy.counts["containers.list"] == 1
     assert proxy.counts["containers.inspect"] == BURST
     assert [a.designator.id for a in allocations] == containers  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def exporter(
+    global_tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter
+) -> InMemorySpanExporter:
+    return span_exporter
+
+
+def _allocation_records(exporter: InMemorySpanExporter) -> list[dict[str, object]]:
+    return [
+        dict(s.attributes or {})
+        for s in exporter.get_finished_spans()
+        if s.name == "sandbox.resources"
+    ]
+
+
+async def test_allocation_read_failed_by_the_engine_is_retried(
+    containers: list[str], proxy: EngineProxy, exporter: InMemorySpanExporter
+) -> None:
+    """An inspect the engine answers with an error fails the first attempt only: the read is
+    tried again and the one allocation record carries the allocation, no error."""
+    reader = DockerCliReader(_CliProvider(_docker()))
+    proxy.fail("containers.inspect")
+    sampler = ResourceSampler(reader, _handle(containers[0]), IDENTITY, 0)
+    await sampler.record_allocation()
+    (record,) = _allocation_records(exporter)
+    assert ERROR not in record
+    assert record[PREFIX + "allocation.component.container.limits.memory_mib"] == 64
+    assert proxy.counts["containers.inspect"] == 2
+
+
+async def test_allocation_read_waits_while_creates_are_in_flight(
+    containers: list[str], proxy: EngineProxy, exporter: InMemorySpanExporter
+) -> None:
+    """While a create is in flight the allocation read asks the engine nothing; once the
+    burst settles it reads, and the record is there."""
+    reader = DockerCliReader(_CliProvider(_docker()))
+    sampler = ResourceSampler(reader, _handle(containers[0]), IDENTITY, 0)
+    with creating():
+        reading = asyncio.ensure_future(sampler.record_allocation())
+        # Time enough for a read that did not wait to reach the engine (a batch's window is
+        # 20 ms); the read must still be waiting.
+        await asyncio.sleep(0.5)
+        assert sum(proxy.counts.values()) == 0
+        assert not reading.done()
+    await reading
+    (record,) = _allocation_records(exporter)
+    assert ERROR not in record
+    assert proxy.counts["containers.inspect"] == 1
+
+
+async def test_allocation_read_waiting_for_a_burst_goes_when_the_sandbox_closes(
+    containers: list[str], proxy: EngineProxy, exporter: InMemorySpanExporter
+) -> None:
+    """A sandbox closed while a burst is still in flight gets its allocation read at once
+    (before the close removes it), not after the burst."""
+    reader = DockerCliReader(_CliProvider(_docker()))
+    # Not started: its stop() records no final sample, which would read the engine too.
+    sampler = ResourceSampler(reader, _handle(containers[0]), IDENTITY, 0)
+    with creating():
+        reading = asyncio.ensure_future(sampler.record_allocation())
+        await sampler.stop()
+        await reading
+    (record,) = _allocation_records(exporter)
+    assert ERROR not in record
+    assert proxy.counts["containers.inspect"] == 1
