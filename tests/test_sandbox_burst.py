@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import require_service
 from engine_proxy import EngineProxy, engine_proxy
-from opentelemetry.instrumentation.nemo_gym.sandbox._burst import creating
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import calling
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     ContainerResourceAmounts,
     SandboxHandle,
@@ -224,17 +224,21 @@ async def test_allocation_read_failed_by_the_engine_is_retried(
     assert proxy.counts["containers.inspect"] == 2
 
 
-async def test_allocation_read_waits_while_creates_are_in_flight(
+async def test_allocation_read_waits_while_the_burst_is_in_flight(
     containers: list[str], proxy: EngineProxy, exporter: InMemorySpanExporter
 ) -> None:
-    """While a create is in flight the allocation read asks the engine nothing; once the
-    burst settles it reads, and the record is there."""
+    """While a create is in flight, and then while the burst's first command still is, the
+    allocation read asks the engine nothing; once the burst settles it reads, and the record
+    is there."""
     reader = DockerCliReader(_CliProvider(_docker()))
     sampler = ResourceSampler(reader, _handle(containers[0]), IDENTITY, 0)
-    with creating():
-        reading = asyncio.ensure_future(sampler.record_allocation())
-        # Time enough for a read that did not wait to reach the engine (a batch's window is
-        # 20 ms); the read must still be waiting.
+    with calling():  # the command, begun before the last create ends
+        with calling(create=True):
+            reading = asyncio.ensure_future(sampler.record_allocation())
+            # Time enough for a read that did not wait to reach the engine (a batch's window
+            # is 20 ms); the read must still be waiting.
+            await asyncio.sleep(0.5)
+            assert sum(proxy.counts.values()) == 0
         await asyncio.sleep(0.5)
         assert sum(proxy.counts.values()) == 0
         assert not reading.done()
@@ -252,7 +256,7 @@ async def test_allocation_read_waiting_for_a_burst_goes_when_the_sandbox_closes(
     reader = DockerCliReader(_CliProvider(_docker()))
     # Not started: its stop() records no final sample, which would read the engine too.
     sampler = ResourceSampler(reader, _handle(containers[0]), IDENTITY, 0)
-    with creating():
+    with calling(create=True):
         reading = asyncio.ensure_future(sampler.record_allocation())
         await sampler.stop()
         await reading

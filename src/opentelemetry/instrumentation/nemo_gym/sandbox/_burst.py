@@ -1,15 +1,19 @@
-"""Sandbox creates in flight, so that our reads yield to a burst of them.
+"""The application's sandbox calls in flight, so that our reads yield to a burst of them.
 
-A NeMo Gym run starts its sandboxes in bursts (every rollout of a batch asks for one at once),
-and each create is the application waiting on the engine. The allocation records read the
-same engine: read while the burst is in flight, they compete with it for the engine and the
-CPUs. So every traced create counts itself in (``creating()``), and an allocation read first
-waits (``settled()``) until no create is in flight on its event loop, within a bound: the
-reads of one burst then wake together and are served by one engine request
-(``readers._engine``), after the burst.
+A NeMo Gym run starts its sandboxes in bursts (every rollout of a batch asks for one at once)
+and then runs their first commands, again all at once; each is the application waiting on the
+engine. The allocation records read the same engine: read during the burst, they compete with
+it for the engine and the CPUs. So every traced call counts itself in flight (``calling()``:
+creates, and the calls on a sandbox: exec, upload, download, ...), and an allocation read
+first waits (``settled()``) until no create is in flight on its event loop (at most
+``CREATES_BOUND_S``), then until no call at all is (at most ``CALLS_BOUND_S`` more: a command
+that runs for minutes delays the records that long, no longer). The reads of one burst then
+wake together and are served by one batch of engine requests (``readers._engine``), after
+the burst. A sandbox that closes ends its read's wait at once, so the record is still taken
+while the sandbox lives.
 
-Per event loop (a create on one loop says nothing about another's engine calls), kept only
-while the loop lives. Event-loop only.
+Per event loop (a call on one loop says nothing about another's), kept only while the loop
+lives. Event-loop only.
 """
 
 from __future__ import annotations
@@ -19,66 +23,80 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["SETTLE_BOUND_S", "creating", "in_flight", "settled"]
+__all__ = ["CALLS_BOUND_S", "CREATES_BOUND_S", "calling", "settled"]
 
 # The longest an allocation read waits for creates to settle: a run that creates without
 # pause still gets its records, this late at most.
-SETTLE_BOUND_S = 30.0
+CREATES_BOUND_S = 30.0
+# Then the longest it waits for the other calls in flight (the burst's first commands).
+CALLS_BOUND_S = 5.0
 
 
-class _Creates:
-    """One loop's creates in flight, and an event set while there are none."""
+class _InFlight:
+    """One loop's calls in flight: creates and all, each with an event set at zero."""
 
     def __init__(self) -> None:
-        self.count = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.creates = 0
+        self.calls = 0
+        self.no_creates = asyncio.Event()
+        self.no_calls = asyncio.Event()
+        self.no_creates.set()
+        self.no_calls.set()
 
 
-# Event loop -> its creates, dropped with the loop.
-_LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Creates]
+# Event loop -> its calls in flight, dropped with the loop.
+_LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _InFlight]
 _LOOPS = weakref.WeakKeyDictionary()
 
 
-def _creates() -> _Creates:
+def _in_flight() -> _InFlight:
     loop = asyncio.get_running_loop()
-    creates = _LOOPS.get(loop)
-    if creates is None:
-        creates = _LOOPS[loop] = _Creates()
-    return creates
+    in_flight = _LOOPS.get(loop)
+    if in_flight is None:
+        in_flight = _LOOPS[loop] = _InFlight()
+    return in_flight
 
 
 @contextmanager
-def creating() -> Iterator[None]:
-    """Count one create in flight on the running loop for the block."""
-    creates = _creates()
-    creates.count += 1
-    creates.idle.clear()
+def calling(*, create: bool = False) -> Iterator[None]:
+    """Count one application call (``create``: a sandbox create) in flight on the running
+    loop for the block."""
+    in_flight = _in_flight()
+    in_flight.calls += 1
+    in_flight.no_calls.clear()
+    if create:
+        in_flight.creates += 1
+        in_flight.no_creates.clear()
     try:
         yield
     finally:
-        creates.count -= 1
-        if creates.count == 0:
-            creates.idle.set()
+        in_flight.calls -= 1
+        if in_flight.calls == 0:
+            in_flight.no_calls.set()
+        if create:
+            in_flight.creates -= 1
+            if in_flight.creates == 0:
+                in_flight.no_creates.set()
 
 
-def in_flight() -> int:
-    """The creates in flight on the running loop."""
-    return _creates().count
-
-
-async def settled(bound_s: float, until: asyncio.Event | None = None) -> None:
-    """Return once no create is in flight on the running loop, after ``bound_s`` seconds at
-    most, or as soon as ``until`` is set (the sandbox is closing: its read must not wait
-    longer). Never raises but for cancellation."""
-    creates = _creates()
-    if creates.idle.is_set() or (until is not None and until.is_set()):
-        return
-    waits = [asyncio.ensure_future(creates.idle.wait())]
-    if until is not None:
-        waits.append(asyncio.ensure_future(until.wait()))
-    try:
-        await asyncio.wait(waits, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
+async def settled(until: asyncio.Event | None = None) -> None:
+    """Return once no create is in flight on the running loop (at most ``CREATES_BOUND_S``),
+    then no call (at most ``CALLS_BOUND_S`` more), or as soon as ``until`` is set (the
+    sandbox is closing: its read must not wait longer). Never raises but for cancellation."""
+    in_flight = _in_flight()
+    for idle, bound_s in (
+        (in_flight.no_creates, CREATES_BOUND_S),
+        (in_flight.no_calls, CALLS_BOUND_S),
+    ):
+        if idle.is_set():
+            continue
+        if until is not None and until.is_set():
+            return
+        waits = [asyncio.ensure_future(idle.wait())]
+        if until is not None:
+            waits.append(asyncio.ensure_future(until.wait()))
+        try:
+            await asyncio.wait(waits, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()

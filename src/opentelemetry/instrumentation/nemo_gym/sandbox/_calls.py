@@ -31,7 +31,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
-from opentelemetry.instrumentation.nemo_gym.sandbox._burst import creating
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import calling
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import error_type_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
     SandboxLifecycleMetrics,
@@ -222,7 +222,7 @@ async def traced_create(
     started = time.perf_counter()
     try:
         # Counted in flight: the allocation reads of a burst wait for it to settle (_burst).
-        with creating():
+        with calling(create=True):
             handle = await _traced_handle_source(
                 state, provider, "sandbox.create", attributes, call
             )
@@ -420,7 +420,7 @@ async def traced_call(
     token = _TRACING.set(id(provider))
     started = time.perf_counter()
     try:
-        with _span(state, span_name, _identity_or_empty(state, handle)) as span:
+        with calling(), _span(state, span_name, _identity_or_empty(state, handle)) as span:
             try:
                 result = await call()
             except Exception as exc:

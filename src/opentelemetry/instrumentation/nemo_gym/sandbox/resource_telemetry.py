@@ -57,7 +57,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
     requested_attributes,
     sample_attributes,
 )
-from opentelemetry.instrumentation.nemo_gym.sandbox._burst import SETTLE_BOUND_S, settled
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import settled
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import container_identity
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import PROVIDER
@@ -281,8 +281,9 @@ class ResourceSampler:
 
     async def record_allocation(self) -> None:
         """Emit the ``allocation`` record as a traced create does, yielding to the
-        application: the read waits until no sandbox create is in flight on the loop (a burst
-        of them settles: ``_burst``, at most ``SETTLE_BOUND_S``), and a read that fails or
+        application: the read waits until no sandbox create, then no other traced call, is in
+        flight on the loop (a burst of them settles: ``_burst``, within its bounds), and a
+        read that fails or
         times out is tried again after each of ``ALLOCATION_RETRY_DELAYS_S`` while the sandbox
         lives. Once ``stop()`` has begun, the waits end and one last attempt is made at once;
         the record then carries the last failure. Nothing is raised but cancellation."""
@@ -310,7 +311,7 @@ class ResourceSampler:
             return await _bounded(
                 self._provider.resource_allocation(self._handle), PROVIDER_CALL_TIMEOUT_S
             )
-        await settled(SETTLE_BOUND_S, self._closing)
+        await settled(self._closing)
         for delay in ALLOCATION_RETRY_DELAYS_S:
             try:
                 return await _bounded(
