@@ -10,6 +10,7 @@ attached stream (``run -d``, ``inspect``, ``ps``, ``info``; not ``exec``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -40,14 +41,17 @@ def request_kind(method: str, path: str) -> str:
 
 
 class EngineProxy:
-    """The proxy's state: ``counts`` by kind, and ``failing`` (kind -> how many of the next
-    requests of that kind get a 500 from the proxy instead of the engine's answer)."""
+    """The proxy's state: ``counts`` by kind, ``failing`` (kind -> how many of the next
+    requests of that kind get a 500 from the proxy instead of the engine's answer), and
+    ``held`` (kind -> ``(arrived, release)``: requests of that kind set ``arrived`` and wait
+    for ``release`` before they are forwarded)."""
 
     def __init__(self, upstream: str, path: Path) -> None:
         self.upstream = upstream
         self.path = path
         self.counts: Counter[str] = Counter()
         self.failing: Counter[str] = Counter()
+        self.held: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
 
     @property
     def docker_host(self) -> str:
@@ -57,9 +61,18 @@ class EngineProxy:
         """Answer the next ``times`` requests of ``kind`` with HTTP 500."""
         self.failing[kind] += times
 
+    def hold(self, kind: str) -> tuple[asyncio.Event, asyncio.Event]:
+        """Hold requests of ``kind``: the events ``(arrived, release)``."""
+        self.held[kind] = (asyncio.Event(), asyncio.Event())
+        return self.held[kind]
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         kind = request_kind(request.method, request.path)
         self.counts[kind] += 1
+        if kind in self.held:
+            arrived, release = self.held[kind]
+            arrived.set()
+            await release.wait()
         if self.failing[kind] > 0:
             self.failing[kind] -= 1
             return web.json_response({"message": "injected by the test's proxy"}, status=500)

@@ -194,6 +194,26 @@ async def test_opensandbox_lookups_of_a_burst_are_one_list(
     assert [a.designator.id for a in allocations] == containers  # type: ignore[union-attr]
 
 
+async def test_engine_read_given_up_and_asked_again_rejoins_the_request_in_flight(
+    containers: list[str], proxy: EngineProxy
+) -> None:
+    """A read whose record gave up on a slow inspect and tries again waits for the same
+    request instead of sending another: one inspect, answered to the retry."""
+    engine = Engine(proxy.docker_host, str(proxy.path), None)
+    arrived, release = proxy.hold("containers.inspect")
+    first = asyncio.ensure_future(engine.inspect(containers[0]))
+    async with asyncio.timeout(60):
+        await arrived.wait()
+    first.cancel()
+    again = asyncio.ensure_future(engine.inspect(containers[0]))
+    release.set()
+    answer = await again
+    assert answer["Name"].lstrip("/") == containers[0]
+    assert first.cancelled()
+    assert proxy.counts["containers.inspect"] == 1
+    assert engine.inspect_calls == 1
+
+
 @pytest.fixture
 def exporter(
     global_tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter

@@ -18,8 +18,8 @@ created in one burst wake together once the burst settles (``_burst``), and beco
 no process), and the ``opensandbox`` lookups of one burst one list of the containers carrying
 a label. The daemon's facts are read once per engine for the process (``_engine_facts``).
 
-Every read is bounded (``READ_TIMEOUT_S`` over the socket; a CLI process is killed when its
-batch is abandoned by all its askers' records) and read-only.
+Every read is bounded (``READ_TIMEOUT_S`` per request over the socket, per process through the
+CLI: a process still running then is killed) and read-only.
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ class Coalesced(Generic[_K, _V]):
 
     ``fetch(keys)`` gives a value per key it found; a key it did not find raises
     ``missing(key)`` for its asker, a failed ``fetch`` raises its exception for every asker.
-    Event-loop only; a batch belongs to the loop it was started on. Cancelling an asker
-    cancels its wait only; ``fetch`` is cancelled once every asker of its batch has gone.
+    A read of a key already being fetched waits for that fetch instead of asking again (a
+    record that gave up on a slow batch and tries again rejoins it). Cancelling an asker
+    cancels its wait only: a fetch runs to its own bound (``fetch`` must have one).
+    Event-loop only; a batch belongs to the loop it was started on.
     """
 
     def __init__(
@@ -82,59 +84,55 @@ class Coalesced(Generic[_K, _V]):
     ) -> None:
         self._fetch = fetch
         self._missing = missing
-        self._batch: dict[_K, list[asyncio.Future[_V]]] = {}
+        # The batch gathering its keys, and the keys of the batches being fetched: one
+        # answer per key, shared by its askers.
+        self._batch: dict[_K, asyncio.Future[_V]] = {}
+        self._fetching: dict[_K, asyncio.Future[_V]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         # The batches being answered (the loop keeps only weak references to tasks).
         self._answering: set[asyncio.Task[None]] = set()
-        self.calls = 0  # fetches made: what the tests and the benchmark count
+        self.calls = 0  # fetches made: what the tests count
 
     async def get(self, key: _K) -> _V:
-        """The value of ``key`` from the batch it joins."""
+        """The value of ``key`` from the fetch in flight for it, else the batch it joins."""
         loop = asyncio.get_running_loop()
-        if not self._batch or self._loop is not loop:
-            self._batch, self._loop = {}, loop
-            loop.call_later(COALESCE_WINDOW_S, self._flush)
-        future: asyncio.Future[_V] = loop.create_future()
-        self._batch.setdefault(key, []).append(future)
-        return await future
+        if self._loop is not loop:
+            self._batch, self._fetching, self._loop = {}, {}, loop
+        answer = self._fetching.get(key) or self._batch.get(key)
+        if answer is None:
+            if not self._batch:
+                loop.call_later(COALESCE_WINDOW_S, self._flush)
+            answer = self._batch[key] = loop.create_future()
+        # shield: an asker giving up leaves the answer to the others (and to its retry).
+        return await asyncio.shield(answer)
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, {}
-        waiting = {key: [f for f in futures if not f.done()] for key, futures in batch.items()}
-        waiting = {key: futures for key, futures in waiting.items() if futures}
-        if waiting:
+        if batch:
             self.calls += 1
-            task = asyncio.ensure_future(self._answer(waiting))
+            self._fetching.update(batch)
+            task = asyncio.ensure_future(self._answer(batch))
             self._answering.add(task)
             task.add_done_callback(self._answering.discard)
 
-    async def _answer(self, waiting: dict[_K, list[asyncio.Future[_V]]]) -> None:
-        fetching = asyncio.ensure_future(self._fetch(list(waiting)))
-        everyone = [f for futures in waiting.values() for f in futures]
-
-        def abandon(_: object) -> None:
-            if all(f.cancelled() for f in everyone):
-                fetching.cancel()
-
-        for future in everyone:
-            future.add_done_callback(abandon)
+    async def _answer(self, batch: dict[_K, asyncio.Future[_V]]) -> None:
         try:
-            found = await fetching
-        except asyncio.CancelledError:
-            return  # every asker had gone
+            found = await self._fetch(list(batch))
         except Exception as exc:  # noqa: BLE001 - each asker gets the failure as its own
-            for future in everyone:
-                if not future.done():
-                    future.set_exception(exc)
+            for answer in batch.values():
+                answer.set_exception(exc)
+                answer.exception()  # retrieved: a key nobody waits for any more is not logged
             return
-        for key, futures in waiting.items():
-            for future in futures:
-                if future.done():
-                    continue
-                if key in found:
-                    future.set_result(found[key])
-                else:
-                    future.set_exception(self._missing(key))
+        finally:
+            for key, answer in batch.items():
+                if self._fetching.get(key) is answer:
+                    del self._fetching[key]
+        for key, answer in batch.items():
+            if key in found:
+                answer.set_result(found[key])
+            else:
+                answer.set_exception(self._missing(key))
+                answer.exception()
 
 
 def _unix_socket(docker_host: str) -> str | None:
@@ -288,7 +286,8 @@ class Engine:
         ``partial``: an inspect of several names prints the ones found and exits 1)."""
         if self.binary is None:
             raise DockerCliError("no docker binary")
-        returncode, stdout = await output_of(self.binary, *args)
+        # Bounded here: a batch is not cancelled when its askers give up.
+        returncode, stdout = await asyncio.wait_for(output_of(self.binary, *args), READ_TIMEOUT_S)
         if returncode != 0 and not (partial and stdout.strip()):
             raise DockerCliError(f"docker {args[0]} exited with code {returncode}")
         return stdout.decode("utf-8", "replace")
