@@ -6,8 +6,10 @@ engine. The allocation records read the same engine: read during the burst, they
 it for the engine and the CPUs. So every traced call counts itself in flight (``calling()``:
 creates, and the calls on a sandbox: exec, upload, download, ...), and an allocation read
 first waits (``settled()``) until no create is in flight on its event loop (at most
-``CREATES_BOUND_S``), then until no call at all is (at most ``CALLS_BOUND_S`` more: a command
-that runs for minutes delays the records that long, no longer). The reads of one burst then
+``CREATES_BOUND_S``), then until no call at all is and none began or ended for ``QUIET_S``
+(the application's next round, its first commands, begins a moment after its creates end; at
+most ``CALLS_BOUND_S`` more: a command that runs for minutes delays the records that long, no
+longer). The reads of one burst then
 wake together and are served by one batch of engine requests (``readers._engine``), after
 the burst. A sandbox that closes ends its read's wait at once, so the record is still taken
 while the sandbox lives.
@@ -19,17 +21,20 @@ lives. Event-loop only.
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["CALLS_BOUND_S", "CREATES_BOUND_S", "calling", "settled"]
+__all__ = ["CALLS_BOUND_S", "CREATES_BOUND_S", "QUIET_S", "calling", "settled"]
 
 # The longest an allocation read waits for creates to settle: a run that creates without
 # pause still gets its records, this late at most.
 CREATES_BOUND_S = 30.0
 # Then the longest it waits for the other calls in flight (the burst's first commands).
 CALLS_BOUND_S = 5.0
+# How long no call must begin or end for the application to count as quiet.
+QUIET_S = 0.2
 
 
 class _InFlight:
@@ -42,6 +47,7 @@ class _InFlight:
         self.no_calls = asyncio.Event()
         self.no_creates.set()
         self.no_calls.set()
+        self.last_change = -math.inf  # the loop's time a call last began or ended
 
 
 # Event loop -> its calls in flight, dropped with the loop.
@@ -62,6 +68,8 @@ def calling(*, create: bool = False) -> Iterator[None]:
     """Count one application call (``create``: a sandbox create) in flight on the running
     loop for the block."""
     in_flight = _in_flight()
+    loop = asyncio.get_running_loop()
+    in_flight.last_change = loop.time()
     in_flight.calls += 1
     in_flight.no_calls.clear()
     if create:
@@ -70,6 +78,7 @@ def calling(*, create: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
+        in_flight.last_change = loop.time()
         in_flight.calls -= 1
         if in_flight.calls == 0:
             in_flight.no_calls.set()
@@ -81,22 +90,30 @@ def calling(*, create: bool = False) -> Iterator[None]:
 
 async def settled(until: asyncio.Event | None = None) -> None:
     """Return once no create is in flight on the running loop (at most ``CREATES_BOUND_S``),
-    then no call (at most ``CALLS_BOUND_S`` more), or as soon as ``until`` is set (the
-    sandbox is closing: its read must not wait longer). Never raises but for cancellation."""
+    then no call is and none began or ended for ``QUIET_S`` (at most ``CALLS_BOUND_S`` more),
+    or as soon as ``until`` is set (the sandbox is closing: its read must not wait longer).
+    Never raises but for cancellation."""
     in_flight = _in_flight()
-    for idle, bound_s in (
-        (in_flight.no_creates, CREATES_BOUND_S),
-        (in_flight.no_calls, CALLS_BOUND_S),
-    ):
-        if idle.is_set():
+    closing = until if until is not None else asyncio.Event()
+    if not in_flight.no_creates.is_set():
+        await _first(in_flight.no_creates, closing, CREATES_BOUND_S)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CALLS_BOUND_S
+    while not closing.is_set() and loop.time() < deadline:
+        if not in_flight.no_calls.is_set():
+            await _first(in_flight.no_calls, closing, deadline - loop.time())
             continue
-        if until is not None and until.is_set():
+        quiet_for = loop.time() - in_flight.last_change
+        if quiet_for >= QUIET_S:
             return
-        waits = [asyncio.ensure_future(idle.wait())]
-        if until is not None:
-            waits.append(asyncio.ensure_future(until.wait()))
-        try:
-            await asyncio.wait(waits, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await _first(closing, closing, min(QUIET_S - quiet_for, deadline - loop.time()))
+
+
+async def _first(event: asyncio.Event, closing: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``event`` or ``closing`` is set, ``timeout_s`` at most."""
+    waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(closing.wait())}
+    try:
+        await asyncio.wait(waits, timeout=max(timeout_s, 0.0), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
