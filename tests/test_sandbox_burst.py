@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import require_service
 from engine_proxy import EngineProxy, engine_proxy
-from opentelemetry.instrumentation.nemo_gym.sandbox._burst import calling
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import calling, settled
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     ContainerResourceAmounts,
     SandboxHandle,
@@ -283,3 +283,22 @@ async def test_allocation_read_waiting_for_a_burst_goes_when_the_sandbox_closes(
     (record,) = _allocation_records(exporter)
     assert ERROR not in record
     assert proxy.counts["containers.inspect"] == 1
+
+
+async def test_settled_yields_only_to_a_burst() -> None:
+    """A sandbox created on its own is read at once; after a burst (two creates at a time)
+    the read waits for the application to be quiet."""
+    with calling(create=True):
+        pass
+    alone = asyncio.ensure_future(settled())
+    await asyncio.sleep(0)
+    assert alone.done()
+
+    with calling(create=True), calling(create=True):
+        pass
+    with calling():  # the burst's first command
+        after_burst = asyncio.ensure_future(settled())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not after_burst.done()
+    await after_burst

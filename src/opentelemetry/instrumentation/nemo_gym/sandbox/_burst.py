@@ -5,7 +5,9 @@ and then runs their first commands, again all at once; each is the application w
 engine. The allocation records read the same engine: read during the burst, they compete with
 it for the engine and the CPUs. So every traced call counts itself in flight (``calling()``:
 creates, and the calls on a sandbox: exec, upload, download, ...), and an allocation read
-first waits (``settled()``) until no create is in flight on its event loop (at most
+made while creates are in flight, or just after a burst of them (more than one at a time; a
+sandbox created on its own is read at once), first waits (``settled()``) until no create is
+in flight on its event loop (at most
 ``CREATES_BOUND_S``), then until no call at all is and none began or ended for ``QUIET_S``
 (the application's next round, its first commands, begins a moment after its creates end; at
 most ``CALLS_BOUND_S`` more: a command that runs for minutes delays the records that long, no
@@ -48,6 +50,9 @@ class _InFlight:
         self.no_creates.set()
         self.no_calls.set()
         self.last_change = -math.inf  # the loop's time a call last began or ended
+        # The most creates in flight at once since the last create began with none in
+        # flight: above 1, the latest creates were a burst.
+        self.peak_creates = 0
 
 
 # Event loop -> its calls in flight, dropped with the loop.
@@ -73,7 +78,10 @@ def calling(*, create: bool = False) -> Iterator[None]:
     in_flight.calls += 1
     in_flight.no_calls.clear()
     if create:
+        if in_flight.creates == 0:
+            in_flight.peak_creates = 0
         in_flight.creates += 1
+        in_flight.peak_creates = max(in_flight.peak_creates, in_flight.creates)
         in_flight.no_creates.clear()
     try:
         yield
@@ -89,11 +97,14 @@ def calling(*, create: bool = False) -> Iterator[None]:
 
 
 async def settled(until: asyncio.Event | None = None) -> None:
-    """Return once no create is in flight on the running loop (at most ``CREATES_BOUND_S``),
-    then no call is and none began or ended for ``QUIET_S`` (at most ``CALLS_BOUND_S`` more),
-    or as soon as ``until`` is set (the sandbox is closing: its read must not wait longer).
-    Never raises but for cancellation."""
+    """Return at once unless creates are in flight on the running loop or the latest ones
+    were a burst (more than one at a time); else once no create is in flight (at most
+    ``CREATES_BOUND_S``), then no call is and none began or ended for ``QUIET_S`` (at most
+    ``CALLS_BOUND_S`` more), or as soon as ``until`` is set (the sandbox is closing: its read
+    must not wait longer). Never raises but for cancellation."""
     in_flight = _in_flight()
+    if in_flight.creates == 0 and in_flight.peak_creates <= 1:
+        return  # a sandbox created on its own: no burst to yield to
     closing = until if until is not None else asyncio.Event()
     if not in_flight.no_creates.is_set():
         await _first(in_flight.no_creates, closing, CREATES_BOUND_S)

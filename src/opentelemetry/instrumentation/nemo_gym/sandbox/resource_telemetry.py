@@ -101,9 +101,9 @@ RECORD_SPAN_NAME = "sandbox.resources"
 PARTIAL = PREFIX + "resource.partial"
 WHOLE_SAMPLE_EVERY = 6
 
-# The longest one provider call may take inside a record. The one-off allocation read gets all
-# of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
-# provider delays neither the next sample nor ``stop()`` by more.
+# The longest one provider call may take inside a record. Each attempt of the allocation read
+# gets all of it, whatever the interval; a sample gets the shorter of this and the interval, so
+# a hung provider delays neither the next sample nor ``stop()`` by more.
 PROVIDER_CALL_TIMEOUT_S = 5.0
 # The pauses between the attempts of a traced create's allocation read (``record_allocation``),
 # each attempt bounded as above: a read that failed in a burst (an engine busy with creates)
