@@ -196,7 +196,28 @@ async def _burst(args: argparse.Namespace) -> dict[str, Any]:
     # Podman's service sometimes loses an exec's output under a burst, plugin or not.
     # The shell named (NeMo Gym's default asks the container for bash at each create, one
     # more exec whose answer Podman can lose the same way).
-    config = {"docker": {"probe": {"deadline_s": 120}, "exec": {"exec_shell": "sh"}}}
+    config: dict[str, Any] = {
+        "docker": {"probe": {"deadline_s": 120}, "exec": {"exec_shell": "sh"}}
+    }
+    if args.provider == "opensandbox":
+        # As NeMo Gym's shipped opensandbox.yaml has it, on scripts/start-opensandbox.sh's
+        # server (its Docker runtime on the same engine).
+        config = {
+            "opensandbox": {
+                "connection": {
+                    "domain": os.environ["OPENSANDBOX_DOMAIN"],
+                    "api_key": args.api_key,
+                    "protocol": "http",
+                    "use_server_proxy": True,
+                },
+                "create": {"timeout_s": 300},
+            }
+        }
+        spec = SandboxSpec(
+            image=args.image,
+            resources=SandboxResources(cpu=0.5, memory_mib=64),
+            ready_timeout_s=300,
+        )
     sandboxes = [AsyncSandbox(config, spec) for _ in range(args.sandboxes)]
     cpu_children, cpu_own = _children_cpu_s(), _own_cpu_s()
     result: dict[str, Any] = {"mode": args.mode, "sandboxes": args.sandboxes}
@@ -263,7 +284,7 @@ def run_one(
     lost round, not a lost benchmark)."""
     command = [
         args.python, __file__, "--child", "--mode", mode, "--sandboxes", str(size),
-        "--image", args.image,
+        "--image", args.image, "--provider", args.provider,
     ]  # fmt: skip
     if args.interval is not None:
         command += ["--interval", str(args.interval)]
@@ -316,6 +337,7 @@ def drive(args: argparse.Namespace) -> int:
                         calls[(mode, size)] = counted
     failed = False
     report: dict[str, Any] = {
+        "provider": args.provider,
         "load": load,
         "rounds": args.rounds,
         "rounds_lost": lost,
@@ -382,6 +404,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--interval", type=float, default=None, help="sampling interval (s)")
     parser.add_argument("--image", default=IMAGE)
+    parser.add_argument(
+        "--provider",
+        choices=("docker", "opensandbox"),
+        default="docker",
+        help="NeMo Gym's provider: docker (its CLI), or opensandbox (the server of "
+        "scripts/start-opensandbox.sh: OPENSANDBOX_DOMAIN, OPENSANDBOX_API_KEY_FILE)",
+    )
     parser.add_argument("--python", default=sys.executable, help="the runs' interpreter")
     parser.add_argument("--seed", type=int, default=41)
     parser.add_argument("--count-calls", action="store_true")
@@ -391,6 +420,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         args.sandboxes = args.sandboxes[0]
+        if args.provider == "opensandbox":
+            # Read here, never passed on a command line.
+            args.api_key = Path(os.environ["OPENSANDBOX_API_KEY_FILE"]).read_text().strip()
         child(args)
         return
     if args.rounds < 1 or min(args.sandboxes) < 1:

@@ -191,7 +191,8 @@ class Engine:
         coalesced = self._labelled.get(label)
         if coalesced is None:
             coalesced = self._labelled[label] = Coalesced(
-                lambda values: self._list_labelled(label, values), lambda _: AssertionError()
+                lambda values: self._list_labelled(label, values),
+                lambda value: DockerCliError(f"no listing of {label}={value}"),
             )
         return await coalesced.get(value)
 

@@ -18,8 +18,8 @@ socket where ``DOCKER_HOST`` names one, else through the same binary. It records
   ``<binary> stats --no-stream``, whose text gives memory and pids but no CPU time
   (``usage.source`` ``docker.cli.stats``).
 
-Each read is bounded by the record's timeout: a command still running when every record
-waiting on it is abandoned is killed.
+Each engine read is bounded (``_engine.READ_TIMEOUT_S`` per request or CLI process, which is
+then killed); a record gives up waiting for it at its own timeout.
 """
 
 from __future__ import annotations
