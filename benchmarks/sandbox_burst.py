@@ -223,8 +223,13 @@ async def _burst(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"mode": args.mode, "sandboxes": args.sandboxes}
     try:
         burst_started = started = time.perf_counter()
-        await asyncio.gather(*(s.start() for s in sandboxes))
+        # Every start ends before a failure is raised, so the finally below stops them all
+        # (a start still running when the run ends would leave its container behind).
+        starts = await asyncio.gather(*(s.start() for s in sandboxes), return_exceptions=True)
         result["start_s"] = time.perf_counter() - started
+        failed = [e for e in starts if isinstance(e, BaseException)]
+        if failed:
+            raise failed[0]
         started = time.perf_counter()
         answers = await asyncio.gather(*(s.exec("echo hi") for s in sandboxes))
         result["exec_s"] = time.perf_counter() - started
