@@ -34,7 +34,7 @@ def test_resource_telemetry_functions_have_documented_signatures() -> None:
 
 
 def test_resource_sampler_has_documented_signature() -> None:
-    """ResourceSampler(provider, handle, attributes, interval) and its four methods."""
+    """ResourceSampler(provider, handle, attributes, interval) and its five methods."""
     positional = P.POSITIONAL_OR_KEYWORD
     assert parameters(rt.ResourceSampler) == [
         ("provider", positional, EMPTY),
@@ -47,7 +47,8 @@ def test_resource_sampler_has_documented_signature() -> None:
         ("kind", positional, EMPTY),
         ("final", positional, False),
     ]
-    for name in ("run", "stop"):
+    assert parameters(rt.ResourceSampler.record_allocation) == [("self", positional, EMPTY)]
+    for name in ("run", "stop", "record_allocation"):
         assert inspect.iscoroutinefunction(getattr(rt.ResourceSampler, name))
     assert inspect.iscoroutinefunction(rt.ResourceSampler.record)
     assert not inspect.iscoroutinefunction(rt.ResourceSampler.start)

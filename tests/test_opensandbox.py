@@ -462,7 +462,7 @@ async def test_opensandbox_container_removed_from_outside_ends_with_a_sample_say
     assert samples[-1][P + "usage.unknown_reason"] == "container_removed"
 
 
-# --- two servers, one sandbox id; impossible figures (issue 36, items 6 and 7) ---------------
+# --- two servers, one sandbox id; impossible figures ------------------------------------------
 
 # The id both proxies show their server's first sandbox under, shaped like OpenSandbox's own.
 SHOWN_ID = "00000000-0000-4000-8000-000000000036"

@@ -31,6 +31,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from opentelemetry.instrumentation.nemo_gym._shared import _names
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import PREFIX, Attribute
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import calling
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import error_type_of
 from opentelemetry.instrumentation.nemo_gym.sandbox._lifecycle_metrics import (
     SandboxLifecycleMetrics,
@@ -235,7 +236,11 @@ async def traced_create(
     retry = (provider, spec)
     started = time.perf_counter()
     try:
-        handle = await _traced_handle_source(state, provider, "sandbox.create", attributes, call)
+        # Counted in flight: the allocation reads of a burst wait for it to settle (_burst).
+        with calling(create=True):
+            handle = await _traced_handle_source(
+                state, provider, "sandbox.create", attributes, call
+            )
     except Exception as exc:
         _count_creation(state, name, exc)
         elapsed, error = time.perf_counter() - started, error_type_of(exc)
@@ -418,7 +423,8 @@ def _start_resource_records(
     its resource reader (``readers``: NeMo Gym's built-in docker provider is read through its
     CLI; providers we cannot read get records saying so, with one final sample and no
     periodic ones). Nothing here waits for the provider: the allocation read runs in a task
-    of its own, bounded by ``PROVIDER_CALL_TIMEOUT_S``, and the sampler's first sample comes
+    of its own (``ResourceSampler.record_allocation``: after the creates in flight settle,
+    each attempt bounded by ``PROVIDER_CALL_TIMEOUT_S``), and the sampler's first sample comes
     an interval later.
     """
     try:
@@ -440,7 +446,7 @@ def _start_resource_records(
             sampler = ResourceSampler(source, handle, identity, interval)
         sampler.start()
         entry.allocation = state.spawn(
-            sampler.record("allocation"), f"nemo-gym sandbox allocation {handle.sandbox_id}"
+            sampler.record_allocation(), f"nemo-gym sandbox allocation {handle.sandbox_id}"
         )
     except Exception as exc:  # noqa: BLE001 - telemetry must not fail a created sandbox
         log_failure("starting sandbox resource records", exc)
@@ -461,7 +467,10 @@ async def traced_call(
     token = _TRACING.set(id(provider))
     started = time.perf_counter()
     try:
-        with _span(state, span_name, _identity_or_empty(state, provider, handle)) as span:
+        with (
+            calling(),
+            _span(state, span_name, _identity_or_empty(state, provider, handle)) as span,
+        ):
             try:
                 result = await call()
             except Exception as exc:

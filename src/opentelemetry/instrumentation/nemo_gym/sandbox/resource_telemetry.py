@@ -31,6 +31,7 @@ kills since the sampler's previous sample to ``gym.sandbox.oom_kills``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -57,6 +58,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import (
     requested_attributes,
     sample_attributes,
 )
+from opentelemetry.instrumentation.nemo_gym.sandbox._burst import settled
 from opentelemetry.instrumentation.nemo_gym.sandbox._fleet_metrics import container_identity
 from opentelemetry.instrumentation.nemo_gym.sandbox._log import log_failure, log_once
 from opentelemetry.instrumentation.nemo_gym.sandbox._scope import PROVIDER
@@ -101,10 +103,14 @@ RECORD_SPAN_NAME = "sandbox.resources"
 PARTIAL = PREFIX + "resource.partial"
 WHOLE_SAMPLE_EVERY = 6
 
-# The longest one provider call may take inside a record. The one-off allocation read gets all
-# of it, whatever the interval; a sample gets the shorter of this and the interval, so a hung
-# provider delays neither the next sample nor ``stop()`` by more.
+# The longest one provider call may take inside a record. Each attempt of the allocation read
+# gets all of it, whatever the interval; a sample gets the shorter of this and the interval, so
+# a hung provider delays neither the next sample nor ``stop()`` by more.
 PROVIDER_CALL_TIMEOUT_S = 5.0
+# The pauses between the attempts of a traced create's allocation read (``record_allocation``),
+# each attempt bounded as above: a read that failed in a burst (an engine busy with creates)
+# is tried again while the sandbox lives, about half a minute in all, not given up at once.
+ALLOCATION_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 # --- the edge: records as spans, and the sampler -------------------------------------------
@@ -206,6 +212,8 @@ class ResourceSampler:
         self._stopped = False
         self._owner = False
         self._stopping: asyncio.Task[None] | None = None
+        # Set when stop() begins: an allocation read waiting for a burst or a retry goes at once.
+        self._closing = asyncio.Event()
         # This sampler's last usage sample: OOM kills are counted as the difference to it.
         # One sampler owns a sandbox's samples, so this is the sandbox's previous sample.
         self._last_sample: dict[str, Attribute] | None = None
@@ -274,6 +282,16 @@ class ResourceSampler:
         if lifecycle is not None:
             lifecycle.sampled(self._provider_label, previous, sample)
 
+    async def record_allocation(self) -> None:
+        """Emit the ``allocation`` record as a traced create does, yielding to the
+        application: the read waits until no sandbox create, then no other traced call, is in
+        flight on the loop (a burst of them settles: ``_burst``, within its bounds), and a
+        read that fails or
+        times out is tried again after each of ``ALLOCATION_RETRY_DELAYS_S`` while the sandbox
+        lives. Once ``stop()`` has begun, the waits end and one last attempt is made at once;
+        the record then carries the last failure. Nothing is raised but cancellation."""
+        await self._record("allocation", False, retry=True)
+
     async def record(self, kind: str, final: bool = False) -> None:
         """Emit one ``sandbox.resources`` span of ``kind`` ``allocation`` or ``sample``.
 
@@ -287,13 +305,33 @@ class ResourceSampler:
         OpenTelemetry's ``suppress_instrumentation`` nothing is read or recorded. An unknown
         ``kind`` raises ``ValueError``.
         """
-        if kind == "allocation":
-            call: Any = self._provider.resource_allocation
-            timeout = PROVIDER_CALL_TIMEOUT_S
-        elif kind == "sample":
-            call = self._provider.resource_sample
-            timeout = self._timeout
-        else:
+        await self._record(kind, final, retry=False)
+
+    async def _allocation_answer(self, retry: bool) -> Any:
+        """The provider's allocation answer: one bounded attempt, or (``retry``) the attempts
+        of ``record_allocation``."""
+        if not retry:
+            return await _bounded(
+                self._provider.resource_allocation(self._handle), PROVIDER_CALL_TIMEOUT_S
+            )
+        await settled(self._closing)
+        for delay in ALLOCATION_RETRY_DELAYS_S:
+            try:
+                return await _bounded(
+                    self._provider.resource_allocation(self._handle), PROVIDER_CALL_TIMEOUT_S
+                )
+            except Exception as exc:
+                if self._closing.is_set():
+                    raise
+                LOGGER.debug("sandbox %s: allocation read failed, retried: %r", self._key, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+        return await _bounded(
+            self._provider.resource_allocation(self._handle), PROVIDER_CALL_TIMEOUT_S
+        )
+
+    async def _record(self, kind: str, final: bool, *, retry: bool) -> None:
+        if kind not in ("allocation", "sample"):
             raise ValueError(f"resource record kind={kind!r} must be 'allocation' or 'sample'")
         if not is_instrumentation_enabled():
             return
@@ -305,9 +343,14 @@ class ResourceSampler:
         start_time = time.time_ns()
         data: dict[str, Attribute] = {}
         try:
-            answer: Any = self._sample_now() if kind == "sample" else None
-            if answer is None:
-                answer = await _bounded(call(self._handle), timeout)
+            if kind == "allocation":
+                answer: Any = await self._allocation_answer(retry)
+            else:
+                answer = self._sample_now()
+                if answer is None:
+                    answer = await _bounded(
+                        self._provider.resource_sample(self._handle), self._timeout
+                    )
             if isinstance(answer, ResourcesUnknown):
                 # Unknown, and why: never a figure, so nothing to compare or count either.
                 area = "allocation" if kind == "allocation" else "usage"
@@ -402,6 +445,7 @@ class ResourceSampler:
         retried ``stop()`` waits for that same stop.
         """
         self._stopped = True
+        self._closing.set()
         if self._stopping is None:
             if not self._owner and self.task is None:
                 return

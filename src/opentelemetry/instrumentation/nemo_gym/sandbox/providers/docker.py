@@ -27,9 +27,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_container 
     split_pid,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
-    _nested,
     allocation_from_inspect,
-    daemon_scope,
     host_config,
     sample_from_stats,
 )
@@ -41,6 +39,10 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_api import
     single_file_of,
     socket_path,
     tar_of,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers._engine_facts import (
+    daemon_facts,
+    daemon_over_api,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     EXEC_TIMEOUT_RETURN_CODE,
@@ -108,7 +110,6 @@ class DockerSandboxProvider:
         self._ready_timeout_s = ready_timeout_s
         self._exec_timeout_s = exec_timeout_s
         self._open: dict[str, Container] = {}
-        self._daemon: dict[str, Any] | None = None
         self._usage = ContainerUsage(self._inspect, self._stats, cgroups=self._cgroup_sampling)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
@@ -385,17 +386,9 @@ class DockerSandboxProvider:
         return sample_from_stats(stats)
 
     async def _daemon_info(self) -> dict[str, Any]:
-        """``Name`` and ``Scope`` of the daemon, read once per provider."""
-        if self._daemon is None:
-            # One info call, as these are slow (~0.2 s on Podman); the ping tells which.
-            if "Libpod-Api-Version" in await self._api.ping_headers():
-                libpod = await self._api.json("GET", "/libpod/info") or {}
-                name = _nested(libpod, "host", "hostname")
-                self._daemon = {"Name": name, "Scope": daemon_scope({}, libpod)}
-            else:
-                info = await self._api.json("GET", "/info") or {}
-                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope(info, None)}
-        return self._daemon
+        """``Name`` and ``Scope`` of the daemon, read once per engine for the process
+        (``_engine_facts``: every provider and reader on this socket shares the read)."""
+        return await daemon_facts(f"unix://{self._api.path}", lambda: daemon_over_api(self._api))
 
     async def _put(self, container: Container, files: Mapping[str, bytes]) -> None:
         archive = await asyncio.to_thread(tar_of, files)

@@ -62,8 +62,9 @@ READERS: dict[tuple[str, str], Callable[[object], Reader]] = {
     (_NEMO_GYM + "openshell.provider", "OpenShellProvider"): _unknown(REMOTE),
 }
 
-# One reader per provider object (a reader keeps per-provider state: the daemon it asked,
-# the cgroups it found), dropped with the provider.
+# One reader per provider object (a reader keeps per-provider state: the cgroups it found),
+# dropped with the provider; what belongs to the engine (its facts, its batches of reads) is
+# shared by the readers of every provider on it (``_engine``).
 _MADE: PerProvider[Reader] = PerProvider()
 
 

@@ -2,21 +2,24 @@
 
 NeMo Gym's ``DockerProvider`` runs ``docker run``, ``docker exec`` and ``docker rm`` through
 the binary it found (``provider._binary``), naming each container ``nemo-gym-<hex>``
-(``handle.raw.name``, also the sandbox id). This reader asks the same binary, so it reads the
-engine that binary talks to: Docker, Podman through ``DOCKER_HOST``, or Podman itself where
-``podman-docker`` installs it as ``docker``. It records what ``otel_docker`` records, from
-the same code:
+(``handle.raw.name``, also the sandbox id). This reader asks the engine that binary talks to
+(Docker, Podman through ``DOCKER_HOST``, or Podman itself where ``podman-docker`` installs it
+as ``docker``), through the process's one ``Engine`` for it (``_engine``): over the engine's
+socket where ``DOCKER_HOST`` names one, else through the same binary. It records what
+``otel_docker`` records, from the same code:
 
-* the allocation: ``<binary> inspect --type container <name>`` (``HostConfig``, the same
-  JSON on Docker and Podman) through ``allocation_from_inspect``, designated by the engine's
-  container ID and scoped by the daemon as ``otel_docker`` scopes it (``<binary> info``, and
-  ``<binary> version`` to tell Podman's compatible service from Docker);
+* the allocation: the container's inspect answer (``HostConfig``, the same JSON on Docker and
+  Podman) through ``allocation_from_inspect``, designated by the engine's container ID and
+  scoped by the daemon as ``otel_docker`` scopes it. The inspects of sandboxes created
+  together are one batch (one request each over the socket, one ``inspect`` process for all
+  through the CLI), and the daemon's facts are read once per engine for the process;
 * usage: the container's cgroup where this host can read it, found from the inspect's
-  ``State.Pid`` (``ContainerUsage``); else ``<binary> stats --no-stream``, whose text gives
-  memory and pids but no CPU time (``usage.source`` ``docker.cli.stats``).
+  ``State.Pid`` (``ContainerUsage``): no engine call per sample; else
+  ``<binary> stats --no-stream``, whose text gives memory and pids but no CPU time
+  (``usage.source`` ``docker.cli.stats``).
 
-Each command is bounded by the record's timeout: a command still running when its record
-is abandoned is killed.
+Each engine read is bounded (``_engine.READ_TIMEOUT_S`` per request or CLI process, which is
+then killed); a record gives up waiting for it at its own timeout.
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
 from opentelemetry.instrumentation.nemo_gym.sandbox._attributes import within_total
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_resources import (
     allocation_from_inspect,
-    daemon_scope,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._docker_usage import ContainerUsage
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import MIB, SandboxHandle
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of, provider_binary
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers._engine import (
+    DockerCliError,
+    Engine,
+    engine_of,
+)
 
 __all__ = ["CLI_STATS_SOURCE", "DockerCliError", "DockerCliReader"]
 
@@ -57,11 +64,6 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-
-
-class DockerCliError(RuntimeError):
-    """A CLI command that failed; the message is the command's name and exit code only (its
-    output may name user data)."""
 
 
 def _bytes_of(text: object) -> int | None:
@@ -114,7 +116,8 @@ class DockerCliReader:
 
     def __init__(self, provider: object) -> None:
         self._binary = provider_binary(provider, "docker")
-        self._daemon: dict[str, Any] | None = None
+        # Shared by every reader on the same engine: its facts, its batches of reads.
+        self.engine: Engine = engine_of(self._binary)
         self._usage = ContainerUsage(
             self._inspect,
             self._stats,
@@ -125,7 +128,7 @@ class DockerCliReader:
     async def resource_allocation(self, handle: SandboxHandle) -> ResourceAllocation:
         """The allocation the engine shows in the container's inspect, placed by the daemon."""
         name = _container_name(handle)
-        inspect, daemon = await asyncio.gather(self._inspect(name), self._daemon_info())
+        inspect, daemon = await asyncio.gather(self._inspect(name), self.engine.daemon())
         if (inspect.get("State") or {}).get("Running"):
             # The first sample then needs no inspect of its own to find the cgroup.
             self._usage.locate(name, inspect)
@@ -154,17 +157,10 @@ class DockerCliReader:
             raise DockerCliError(f"docker {args[0]} exited with code {returncode}")
         return stdout.decode("utf-8", "replace")
 
-    async def _json(self, *args: str) -> Any:
-        try:
-            return json.loads(await self._run(*args))
-        except json.JSONDecodeError as exc:
-            raise DockerCliError(f"docker {args[0]} printed no JSON") from exc
-
     async def _inspect(self, name: str) -> dict[str, Any]:
-        answer = await self._json("inspect", "--type", "container", name)
-        if isinstance(answer, list) and answer and isinstance(answer[0], dict):
-            return answer[0]
-        raise DockerCliError("docker inspect printed no container")
+        """The container's inspect answer, read in one batch with the others asked for at
+        the same time on this engine (``_engine``)."""
+        return await self.engine.inspect(name)
 
     async def _stats(self, name: str) -> dict[str, Attribute]:
         line = await self._run("stats", "--no-stream", "--format", "{{json .}}", name)
@@ -173,35 +169,3 @@ class DockerCliReader:
         except json.JSONDecodeError as exc:
             raise DockerCliError("docker stats printed no JSON") from exc
         return sample_from_cli_stats(stats) if isinstance(stats, dict) else {}
-
-    async def _daemon_info(self) -> dict[str, Any]:
-        """``Name`` and ``Scope`` of the engine, read once per reader, as ``otel_docker``'s
-        ``_daemon_info`` gives them for the same engine."""
-        if self._daemon is None:
-            info = await self._json("info", "--format", "{{json .}}")
-            info = info if isinstance(info, dict) else {}
-            if isinstance(info.get("host"), dict):
-                # Podman's own CLI (podman-docker): libpod's info.
-                self._daemon = {
-                    "Name": info["host"].get("hostname"),
-                    "Scope": daemon_scope({}, info),
-                }
-            elif await self._is_podman():
-                # Podman's compatible service: its Name is libpod's host name, its
-                # DockerRootDir libpod's storage root, so the scope is otel_docker's.
-                libpod = {
-                    "host": {"hostname": info.get("Name")},
-                    "store": {"graphRoot": info.get("DockerRootDir")},
-                }
-                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope({}, libpod)}
-            else:
-                self._daemon = {"Name": info.get("Name"), "Scope": daemon_scope(info, None)}
-        return self._daemon
-
-    async def _is_podman(self) -> bool:
-        server = await self._json("version", "--format", "{{json .Server}}")
-        components = server.get("Components") if isinstance(server, dict) else None
-        return any(
-            isinstance(c, dict) and str(c.get("Name", "")).startswith("Podman")
-            for c in components or ()
-        )

@@ -6,7 +6,8 @@ runs decides what can be read:
 
 * **co-located**: the server's Docker runtime made the sandbox's container on an engine this
   process reaches (its ``docker`` CLI, ``DOCKER_HOST``). The container is found once per
-  sandbox by the label OpenSandbox puts on it (``opensandbox.io/id=<sandbox id>``); from then
+  sandbox by the label OpenSandbox puts on it (``opensandbox.io/id=<sandbox id>``), in one
+  list of the labelled containers for all the sandboxes looked up together; from then
   on it is read exactly as NeMo Gym's ``docker`` provider's containers are (``docker_cli``):
   the allocation is what the engine set (``allocation.source`` ``docker.inspect``: cpu,
   memory and pids limits), samples come from the container's cgroup with its OOM kill count,
@@ -65,7 +66,6 @@ from opentelemetry.instrumentation.nemo_gym.sandbox._server_scope import (
     opensandbox_server_scope as server_scope,
 )
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
-from opentelemetry.instrumentation.nemo_gym.sandbox.readers._cli import output_of
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
     DockerCliError,
     DockerCliReader,
@@ -150,7 +150,6 @@ class OpenSandboxReader:
         self.server_scope = self._scope
         # The engine path is docker_cli's own reader, given the container's engine ID.
         self._docker = DockerCliReader(provider)
-        self._binary = self._docker._binary
         self._located: dict[str, asyncio.Task[_Sandbox]] = {}
 
     def _designator(self, handle: SandboxHandle) -> ResourceDesignator:
@@ -218,22 +217,15 @@ class OpenSandboxReader:
         return await asyncio.shield(located)
 
     async def _locate(self, sandbox_id: str) -> _Sandbox:
-        """The container labelled with the sandbox id on the engine this process reaches."""
-        if self._binary is None:
+        """The container labelled with the sandbox id on the engine this process reaches,
+        from one list of the labelled containers shared by the lookups of a burst."""
+        engine = self._docker.engine
+        if engine.socket is None and engine.binary is None:
             return _Sandbox(None, ENGINE_UNREACHABLE)
-        returncode, stdout = await output_of(
-            self._binary,
-            "ps",
-            "--all",
-            "--no-trunc",
-            "--filter",
-            f"label={ID_LABEL}={sandbox_id}",
-            "--format",
-            "{{.ID}}",
-        )
-        if returncode != 0:
+        try:
+            ids = await engine.labelled(ID_LABEL, sandbox_id)
+        except DockerCliError:
             return _Sandbox(None, ENGINE_UNREACHABLE)
-        ids = stdout.decode("utf-8", "replace").split()
         if not ids:
             return _Sandbox(None, CONTAINER_NOT_FOUND)
         if len(ids) > 1:
