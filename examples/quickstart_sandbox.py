@@ -193,16 +193,23 @@ def allocation(run: SandboxRun) -> Mapping[str, Any]:
 
 def samples(run: SandboxRun) -> list[tuple[float, bool, dict[str, Any]]]:
     """Each sample as (seconds since create, final, its usage figures): a sample leaves out a
-    figure unchanged since the one before, which is carried forward here."""
+    figure unchanged since the one before, which is carried forward here. A sample that could
+    not be read (``resource.error``, such as a timeout on a starved machine) has no figures: its
+    row names the error, and nothing is carried through it as if it had been read."""
     created = next(s for s in run.spans if s.name == "sandbox.create").start_time or 0
     rows: list[tuple[float, bool, dict[str, Any]]] = []
     figures: dict[str, Any] = {}
     for span in sorted(resource_records(run, "sample"), key=lambda s: s.start_time or 0):
         a = attributes(span)
+        since = ((span.start_time or 0) - created) / 1e9
+        final = bool(a.get(PREFIX + "resource.final"))
+        error = a.get(PREFIX + "resource.error")
+        if error is not None:
+            rows.append((since, final, {"usage.source": f"error:{error}"}))
+            continue
         figures = {**figures, **{k: a[PREFIX + k] for _, k in SAMPLE_COLUMNS if PREFIX + k in a}}
         figures["usage.source"] = a.get(PREFIX + "usage.source", figures.get("usage.source"))
-        since = ((span.start_time or 0) - created) / 1e9
-        rows.append((since, bool(a.get(PREFIX + "resource.final")), dict(figures)))
+        rows.append((since, final, dict(figures)))
     return rows
 
 
@@ -316,7 +323,9 @@ def report(run: SandboxRun) -> list[str]:
 def oom_story(run: SandboxRun, enforced: bool) -> list[str]:
     """The OOM kill as the records tell it, and what to do about it."""
     label, result = run.results[-1]
-    final = samples(run)[-1][2]
+    # The last sample read (a final that timed out tells nothing of the kill).
+    read = [figures for _, _, figures in samples(run) if "usage.memory_peak_mib" in figures]
+    final = read[-1] if read else {}
     kills = final.get("usage.oom_kills")
     peak = number(final.get("usage.memory_peak_mib"))
     throttled = final.get("usage.cpu.throttled_s")

@@ -84,6 +84,6 @@ def test_opentelemetry_instrument_help_lists_every_flag() -> None:
         for name in vars(environment_variables)
         if name.startswith("OTEL_PYTHON_NEMO_GYM_")
     )
-    assert len(ours) == 14
+    assert len(ours) == 15
     offered = sorted(set(re.findall(r"--nemo_gym_[a-z_]+", result.stdout)))
     assert offered == ours

@@ -52,7 +52,7 @@ def test_environment_variables_entry_point_documents_every_variable() -> None:
     ]
     assert entry_point.load() is environment_variables
     names = [n for n in vars(environment_variables) if n.startswith("OTEL_PYTHON_NEMO_GYM_")]
-    assert len(names) == 14
+    assert len(names) == 15
     assert all(getattr(environment_variables, n) == n for n in names)
     source = Path(environment_variables.__file__).read_text()
     assert all(f".. envvar:: {n}" in source for n in names)
