@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
-from isolation_support import bwrap_on_path
+from isolation_support import bwrap_on_path, cgroup_mounts, own_cgroup_paths
 from opentelemetry.instrumentation.nemo_gym import environment_variables as env
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers._cgroup_mounts import (
@@ -93,30 +93,6 @@ asyncio.run(main())
 """
 
 
-def _cgroup_mounts() -> dict[str, Path]:
-    """Controller -> mount point ("" for v2), read independently of the code under test."""
-    mounts: dict[str, Path] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fs = right.split()
-        if fs[0] == "cgroup":
-            for option in fs[2].split(","):
-                mounts.setdefault(option, Path(left.split()[4]))
-        elif fs[0] == "cgroup2":
-            mounts.setdefault("", Path(left.split()[4]))
-    return mounts
-
-
-def _own_paths() -> dict[str, str]:
-    """Controller -> this process's cgroup path ("" for v2), from /proc/self/cgroup."""
-    paths: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(","):
-            paths[controller] = path
-    return paths
-
-
 def _remove_tree(top: Path) -> None:
     """Remove the cgroup ``top`` and every cgroup beneath it, deepest first, killing what is
     left in them: only processes of the server this test started can be there."""
@@ -151,7 +127,7 @@ def server_cgroup(request: pytest.FixtureRequest) -> Iterator[tuple[int, Path, s
     limit_mib: int | None = request.param
     require_service(os.geteuid() == 0, "making cgroups needs root")
     require_service(bwrap_on_path(), "bwrap not on PATH (apt-get install bubblewrap)")
-    mounts, own = _cgroup_mounts(), _own_paths()
+    mounts, own = cgroup_mounts(), own_cgroup_paths()
     name = f"nemo_gym_test_server_{uuid.uuid4().hex[:8]}"
     if "memory" in mounts and "cpu" in mounts:
         version, path = 1, f"{own['memory'].rstrip('/')}/{name}"
@@ -276,7 +252,7 @@ def named_parent() -> Iterator[tuple[str, list[Path]]]:
     """A cgroup ``/nemo_gym_test_named_<tag>`` in every v1 hierarchy the provider uses (or the
     v2 one), as an operator would prepare it, removed with all beneath it afterwards."""
     require_service(os.geteuid() == 0, "making cgroups needs root")
-    mounts = _cgroup_mounts()
+    mounts = cgroup_mounts()
     path = f"/nemo_gym_test_named_{uuid.uuid4().hex[:8]}"
     controllers = ("cpu", "cpuacct", "memory", "pids") if "memory" in mounts else ("",)
     made = sorted({mounts[c] / path.lstrip("/") for c in controllers if c in mounts})
@@ -327,7 +303,7 @@ async def test_process_cgroup_nesting_missing_named_parent_warns_and_nests_under
     layout = discover_layout(missing)
     require_service(layout is not None, "no writable cgroup hierarchy with cpu and memory")
     assert layout is not None
-    own = _own_paths()
+    own = own_cgroup_paths()
     assert layout.path == (own["memory"] if layout.version == 1 else own[""])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1

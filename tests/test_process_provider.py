@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_service
+from isolation_support import cgroup_mounts, own_cgroup_paths
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers import _cgroups
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import (
     SandboxCreateError,
@@ -34,31 +35,6 @@ from waiting import eventually
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 USAGE = PREFIX + "usage."
-
-
-def cgroup_mounts() -> dict[str, Path]:
-    """Controller -> mount point of this machine's cgroup hierarchies, read independently of
-    the code under test ("" is the v2 hierarchy)."""
-    mounts: dict[str, Path] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fs = right.split()
-        if fs[0] == "cgroup":
-            for option in fs[2].split(","):
-                mounts.setdefault(option, Path(left.split()[4]))
-        elif fs[0] == "cgroup2":
-            mounts.setdefault("", Path(left.split()[4]))
-    return mounts
-
-
-def own_cgroup_paths() -> dict[str, str]:
-    """Controller -> this process's cgroup path ("" is the v2 one), from /proc/self/cgroup."""
-    paths: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(","):
-            paths[controller] = path
-    return paths
 
 
 def sandbox_cgroup_dirs(version: int, sandbox: SandboxHandle) -> dict[str, Path]:
