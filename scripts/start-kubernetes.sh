@@ -396,20 +396,7 @@ fi
 
 # The API server's port: the same on the host's loopback (the forwarder) and inside the
 # namespace (the API server itself), so one kubeconfig serves both. The previous one where free.
-port="$(python3 - "$(cat "$PORT_FILE" 2>/dev/null || echo 0)" <<'PY'
-import socket
-import sys
-
-probe = socket.socket()
-try:
-    probe.bind(("127.0.0.1", int(sys.argv[1])))
-except (OSError, ValueError):
-    probe.close()
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-print(probe.getsockname()[1])
-PY
-)"
+port="$(python3 "$CHECKOUT/scripts/free_port.py" "$(cat "$PORT_FILE" 2>/dev/null || echo 0)")"
 echo "$port" >"$PORT_FILE"
 
 # kubeconfig FILE CERTIFICATE: a kubeconfig of https://127.0.0.1:$port with that client certificate.

@@ -206,21 +206,7 @@ if ! our_server >/dev/null; then
   # objects made against it keep their domain across a restart), else a free one.
   previous="$(sed -n 's/^OPENSANDBOX_DOMAIN=127.0.0.1://p' "$PORT_FILE" 2>/dev/null || true)"
   rm -f "$PID_FILE" "$IDENTITY_FILE" "$PORT_FILE"
-  port="$(python3 - "${previous:-0}" <<'PY'
-import socket
-import sys
-
-probe = socket.socket()
-probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    probe.bind(("127.0.0.1", int(sys.argv[1])))
-except (OSError, ValueError):
-    probe.close()
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-print(probe.getsockname()[1])
-PY
-)"
+  port="$(python3 "$CHECKOUT/scripts/free_port.py" "${previous:-0}")"
   # The key goes into the configuration from its file, never through an argument.
   {
     echo '[server]'
