@@ -30,6 +30,7 @@
 #   KUBECONFIG=<state>/admin.kubeconfig     (cluster-admin, https://127.0.0.1:<port>)
 # or, with --env, `export KUBECONFIG=...` for a shell to take as it is:
 #   eval "$(bash scripts/start-kubernetes.sh --env)"
+# `--bin` prints the folder of the binaries (building them when missing): kubectl is there.
 # `--stop` ends what this state folder started, and nothing else: a process counts as ours only
 # while it has the start time the kernel gave it at our start (a reused PID has another) and
 # runs the binary recorded then. It also removes the pods' containers (they are containerd's
@@ -44,7 +45,7 @@
 set -euo pipefail
 
 log() { echo "start-kubernetes: $*" >&2; }
-usage() { log "usage: start-kubernetes.sh [--env | --stop | --build]"; }
+usage() { log "usage: start-kubernetes.sh [--env | --stop | --build | --bin]"; }
 
 mode=lines
 case "${1:-}" in
@@ -52,6 +53,7 @@ case "${1:-}" in
   --env) mode="env" ;;
   --stop) mode=stop ;;
   --build) mode=build ;;
+  --bin) mode=bin ;;
   *) usage; exit 2 ;;
 esac
 [ $# -le 1 ] || { usage; exit 2; }
@@ -163,6 +165,12 @@ source "$CHECKOUT/scripts/owned-process.sh"
 
 if [ "$mode" = build ]; then
   build_binaries
+  exit 0
+fi
+# The folder of the built binaries (kubectl among them), for scripts driving this cluster.
+if [ "$mode" = bin ]; then
+  build_binaries
+  echo "$BIN"
   exit 0
 fi
 
