@@ -368,12 +368,20 @@ fi
 
 # 3. Certificates (ECDSA P-256) and kubeconfigs, made once per state folder.
 umask 077
-if [ ! -f "$PKI/complete" ]; then
+# The authority carries its key usage, and every certificate its key identifiers: Python 3.13's
+# default TLS context verifies strictly (VERIFY_X509_STRICT) and refuses an authority without
+# them ("CA cert does not include key usage extension"). A folder made before that is remade.
+strict_pki() {
+  openssl x509 -in "$PKI/ca.crt" -noout -ext keyUsage 2>/dev/null | grep -q "Certificate Sign"
+}
+if [ ! -f "$PKI/complete" ] || ! strict_pki; then
   log "making the certificates in $PKI"
   rm -rf "$PKI"
   mkdir -p "$PKI"
   openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -days 3650 \
-    -subj "/CN=nemo-gym-kubernetes-ca" -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
+    -subj "/CN=nemo-gym-kubernetes-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" -addext "subjectKeyIdentifier=hash" \
+    -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
   # certificate NAME SUBJECT [SUBJECT_ALT_NAMES]
   certificate() {
     local extensions="$PKI/$1.ext"
@@ -381,6 +389,8 @@ if [ ! -f "$PKI/complete" ]; then
       echo "basicConstraints=CA:FALSE"
       echo "keyUsage=critical,digitalSignature,keyEncipherment"
       echo "extendedKeyUsage=serverAuth,clientAuth"
+      echo "subjectKeyIdentifier=hash"
+      echo "authorityKeyIdentifier=keyid,issuer"
       [ -n "${3:-}" ] && echo "subjectAltName=$3"
     } >"$extensions"
     openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -subj "$2" \
