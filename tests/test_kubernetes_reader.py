@@ -247,7 +247,8 @@ async def test_kubernetes_reader_cpu_loop_matches_the_kubelet(
             sample = await reader.resource_sample(handle)
             after = await kubelet_cpu_s(kubelet, pod)
             assert not isinstance(sample, reader_module.ResourcesUnknown)
-            assert before <= sample["usage.cpu.time_s"] <= after
+            # The reader rounds CPU time to the microsecond: so are the bounds.
+            assert round(before, 6) <= sample["usage.cpu.time_s"] <= round(after, 6)
             cpu.append(float(sample["usage.cpu.time_s"]))
             # The kubelet's figures move every few seconds (its housekeeping): wait for a move.
             await eventually(
