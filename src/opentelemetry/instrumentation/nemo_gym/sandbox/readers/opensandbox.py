@@ -271,8 +271,9 @@ class OpenSandboxReader:
         if kubernetes is None:
             return engine
         handle = SandboxHandle(sandbox_id=sandbox_id, provider_name="opensandbox", raw=None)
-        if self._kubernetes_closing is not None:
-            await asyncio.shield(self._kubernetes_closing)
+        closing = self._kubernetes_closing
+        if closing is not None and not closing.done():
+            await asyncio.shield(closing)
         missing = await kubernetes.lookup(handle)
         if missing is None:
             return _Sandbox(None, pod=True)
