@@ -30,6 +30,7 @@
 #   KUBECONFIG=<state>/admin.kubeconfig     (cluster-admin, https://127.0.0.1:<port>)
 # or, with --env, `export KUBECONFIG=...` for a shell to take as it is:
 #   eval "$(bash scripts/start-kubernetes.sh --env)"
+# `--bin` prints the folder of the binaries (building them when missing): kubectl is there.
 # `--stop` ends what this state folder started, and nothing else: a process counts as ours only
 # while it has the start time the kernel gave it at our start (a reused PID has another) and
 # runs the binary recorded then. It also removes the pods' containers (they are containerd's
@@ -44,7 +45,7 @@
 set -euo pipefail
 
 log() { echo "start-kubernetes: $*" >&2; }
-usage() { log "usage: start-kubernetes.sh [--env | --stop | --build]"; }
+usage() { log "usage: start-kubernetes.sh [--env | --stop | --build | --bin]"; }
 
 mode=lines
 case "${1:-}" in
@@ -52,6 +53,7 @@ case "${1:-}" in
   --env) mode="env" ;;
   --stop) mode=stop ;;
   --build) mode=build ;;
+  --bin) mode=bin ;;
   *) usage; exit 2 ;;
 esac
 [ $# -le 1 ] || { usage; exit 2; }
@@ -163,6 +165,12 @@ source "$CHECKOUT/scripts/owned-process.sh"
 
 if [ "$mode" = build ]; then
   build_binaries
+  exit 0
+fi
+# The folder of the built binaries (kubectl among them), for scripts driving this cluster.
+if [ "$mode" = bin ]; then
+  build_binaries
+  echo "$BIN"
   exit 0
 fi
 
@@ -360,12 +368,20 @@ fi
 
 # 3. Certificates (ECDSA P-256) and kubeconfigs, made once per state folder.
 umask 077
-if [ ! -f "$PKI/complete" ]; then
+# The authority carries its key usage, and every certificate its key identifiers: Python 3.13's
+# default TLS context verifies strictly (VERIFY_X509_STRICT) and refuses an authority without
+# them ("CA cert does not include key usage extension"). A folder made before that is remade.
+strict_pki() {
+  openssl x509 -in "$PKI/ca.crt" -noout -ext keyUsage 2>/dev/null | grep -q "Certificate Sign"
+}
+if [ ! -f "$PKI/complete" ] || ! strict_pki; then
   log "making the certificates in $PKI"
   rm -rf "$PKI"
   mkdir -p "$PKI"
   openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -days 3650 \
-    -subj "/CN=nemo-gym-kubernetes-ca" -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
+    -subj "/CN=nemo-gym-kubernetes-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" -addext "subjectKeyIdentifier=hash" \
+    -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
   # certificate NAME SUBJECT [SUBJECT_ALT_NAMES]
   certificate() {
     local extensions="$PKI/$1.ext"
@@ -373,6 +389,8 @@ if [ ! -f "$PKI/complete" ]; then
       echo "basicConstraints=CA:FALSE"
       echo "keyUsage=critical,digitalSignature,keyEncipherment"
       echo "extendedKeyUsage=serverAuth,clientAuth"
+      echo "subjectKeyIdentifier=hash"
+      echo "authorityKeyIdentifier=keyid,issuer"
       [ -n "${3:-}" ] && echo "subjectAltName=$3"
     } >"$extensions"
     openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -subj "$2" \

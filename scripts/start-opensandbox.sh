@@ -35,20 +35,51 @@
 #   DOCKER_HOST                   the engine the server's Docker runtime uses (default: Podman's
 #                                 socket of scripts/start-podman.sh)
 #   GO                            the Go to build with (default /usr/local/go/bin/go, else `go`)
+#
+# `--kubernetes` (with or without `--stop`): the server's Kubernetes runtime instead, on the
+# single-node cluster of scripts/start-kubernetes.sh, which must be running (this script does
+# not start or stop it). Then it also
+#   - builds OpenSandbox's controller (`cmd/controller` of its `kubernetes/` module: the
+#     BatchSandbox reconciler) from NEMO_GYM_OPENSANDBOX_K8S_SOURCE (default
+#     ../shared/opensandbox/opensandbox-k8s-4db3a993.tgz beside the checkout), cached like
+#     execd (minutes cold: controller-runtime and client-go come from the Go module proxy);
+#   - applies its CRDs (`config/crd/bases`) with the cluster's kubectl, and makes the namespace
+#     `opensandbox`;
+#   - imports the execd image (as a `docker save` tar, scripts/kubernetes/image.py) into the
+#     cluster's containerd; sandboxes use the cluster's busybox image
+#     `localhost/nemo-gym-busybox:1` (`image_pull_policy = "Never"`);
+#   - runs the controller's manager outside any pod, with the cluster's admin kubeconfig, and
+#     the server with `[runtime] type = "kubernetes"`, both inside the cluster's network
+#     namespace (the server reaches each sandbox's execd at its pod address; nothing listens
+#     on the host). NeMo Gym's provider must run in there too
+#     (`nsenter --net="$NEMO_GYM_KUBERNETES_NETNS"`).
+# Its state folder is <checkout>/.opensandbox-kubernetes; `--kubernetes --stop` ends the server
+# and the controller it started (the CRDs, the namespace and the images stay in the cluster,
+# which start-kubernetes.sh --stop removes whole). Stdout adds
+#   OPENSANDBOX_KUBERNETES_NAMESPACE=opensandbox
 set -euo pipefail
 
 log() { echo "start-opensandbox: $*" >&2; }
 
 mode=start
-case "${1:-}" in
-  "") ;;
-  --stop) mode=stop ;;
-  *) log "usage: start-opensandbox.sh [--stop]"; exit 2 ;;
-esac
+runtime=docker
+for arg in "$@"; do
+  case "$arg" in
+    --stop) mode=stop ;;
+    --kubernetes) runtime=kubernetes ;;
+    *) log "usage: start-opensandbox.sh [--kubernetes] [--stop]"; exit 2 ;;
+  esac
+done
 
 CHECKOUT="$(cd "$(dirname "$0")/.." && pwd -P)"
 uid="$(id -u)"
-state_dir="${NEMO_GYM_OPENSANDBOX_DIR:-$CHECKOUT/.opensandbox}"
+if [ "$runtime" = kubernetes ]; then
+  state_dir="${NEMO_GYM_OPENSANDBOX_DIR:-$CHECKOUT/.opensandbox-kubernetes}"
+else
+  state_dir="${NEMO_GYM_OPENSANDBOX_DIR:-$CHECKOUT/.opensandbox}"
+fi
+k8s_source="${NEMO_GYM_OPENSANDBOX_K8S_SOURCE:-$CHECKOUT/../shared/opensandbox/opensandbox-k8s-4db3a993.tgz}"
+K8S_NAMESPACE=opensandbox
 cache="${NEMO_GYM_OPENSANDBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-gym-otel/opensandbox}"
 source_path="${NEMO_GYM_OPENSANDBOX_SOURCE:-$CHECKOUT/../shared/opensandbox/opensandbox-execd-4db3a993.tgz}"
 export DOCKER_HOST="${DOCKER_HOST:-unix:///run/nemo-gym-podman/podman.sock}"
@@ -69,6 +100,8 @@ KEY_FILE="$STATE_DIR/api_key"
 PID_FILE="$STATE_DIR/server.pid"
 IDENTITY_FILE="$STATE_DIR/server.identity"
 PORT_FILE="$STATE_DIR/server.env"
+CONTROLLER_PID_FILE="$STATE_DIR/controller.pid"
+CONTROLLER_IDENTITY_FILE="$STATE_DIR/controller.identity"
 
 exec 9>"$STATE_DIR/lock"
 flock 9
@@ -95,6 +128,23 @@ our_server() {
 
 end_server() { end_owned "$1" our_server; }
 
+# The PID of the controller this state folder started, while it still runs (the same checks,
+# its marker being this state folder's controller flag file).
+our_controller() {
+  local pid arg
+  pid="$(cat "$CONTROLLER_PID_FILE" 2>/dev/null)" || return 1
+  [[ "$pid" =~ ^[1-9][0-9]*$ ]] || return 1
+  [ "$(sed -n 's/^PID=//p' "$CONTROLLER_IDENTITY_FILE" 2>/dev/null)" = "$pid" ] || return 1
+  [ "$(start_time "$pid")" = "$(sed -n 's/^START_TIME=//p' "$CONTROLLER_IDENTITY_FILE" 2>/dev/null)" ] || return 1
+  while IFS= read -r -d '' arg; do
+    if [ "$arg" = "--log-file-path=$STATE_DIR/controller-file.log" ]; then
+      echo "$pid"
+      return 0
+    fi
+  done <"/proc/$pid/cmdline"
+  return 1
+}
+
 if [ "$mode" = stop ]; then
   if pid="$(our_server)"; then
     end_server "$pid"
@@ -102,9 +152,33 @@ if [ "$mode" = stop ]; then
   else
     log "no OpenSandbox server started from $STATE_DIR is running"
   fi
+  if pid="$(our_controller)"; then
+    end_owned "$pid" our_controller
+    log "stopped OpenSandbox's controller (pid $pid)"
+  fi
   # server.env stays: a later start takes the same port where it is free.
-  rm -f "$PID_FILE" "$IDENTITY_FILE"
+  rm -f "$PID_FILE" "$IDENTITY_FILE" "$CONTROLLER_PID_FILE" "$CONTROLLER_IDENTITY_FILE"
   exit 0
+fi
+
+if [ "$runtime" = kubernetes ]; then
+  # The cluster of start-kubernetes.sh, running already: its kubectl, admin kubeconfig,
+  # network namespace and containerd.
+  KUBE_STATE="$(cd "${NEMO_GYM_KUBERNETES_DIR:-$CHECKOUT/.kubernetes}" 2>/dev/null && pwd -P)" || {
+    log "no cluster state folder: start the cluster first (bash scripts/start-kubernetes.sh)"
+    exit 1
+  }
+  KUBECTL="$(bash "$CHECKOUT/scripts/start-kubernetes.sh" --bin)/kubectl"
+  CLUSTER_KUBECONFIG="$KUBE_STATE/admin.kubeconfig"
+  if ! "$KUBECTL" --kubeconfig "$CLUSTER_KUBECONFIG" get --raw /readyz >/dev/null 2>&1; then
+    log "the cluster of $KUBE_STATE does not answer: start it first (bash scripts/start-kubernetes.sh)"
+    exit 1
+  fi
+  NETNS="$(bash "$CHECKOUT/scripts/start-kubernetes.sh" --env 2>/dev/null |
+    sed -n 's/^export NEMO_GYM_KUBERNETES_NETNS=//p')"
+  [ -e "$NETNS" ] || { log "the cluster's network namespace ($NETNS) is missing"; exit 1; }
+  kubectl_() { "$KUBECTL" --kubeconfig "$CLUSTER_KUBECONFIG" "$@"; }
+  ctr_() { ctr --address "$KUBE_STATE/containerd/containerd.sock" --namespace k8s.io "$@"; }
 fi
 
 # 1. execd, built once per source and Go version.
@@ -143,9 +217,10 @@ if [ ! -x "$BUILD/execd" ]; then
   log "built execd in $((SECONDS - started)) s"
 fi
 
-# 2. The execd image: busybox with /execd and /bootstrap.sh, imported under a local name.
+# 2. The execd image: busybox with /execd and /bootstrap.sh, imported under a local name (into
+# Podman, or the cluster's containerd as a `docker save` tar).
 EXECD_IMAGE="localhost/nemo-gym-opensandbox-execd:$key"
-if ! podman image exists "$EXECD_IMAGE"; then
+execd_rootfs() {
   [ -x /bin/busybox ] || { log "no /bin/busybox (apt-get install busybox-static)"; exit 1; }
   rootfs="$(mktemp -d)"
   mkdir -p "$rootfs/bin"
@@ -155,10 +230,79 @@ if ! podman image exists "$EXECD_IMAGE"; then
   done
   install -m 755 "$BUILD/execd" "$rootfs/execd"
   install -m 755 "$BUILD/bootstrap.sh" "$rootfs/bootstrap.sh"
+}
+if [ "$runtime" = kubernetes ]; then
+  if ! ctr_ images ls -q | grep -qxF "$EXECD_IMAGE"; then
+    execd_rootfs
+    python3 "$CHECKOUT/scripts/kubernetes/image.py" "$rootfs" "$EXECD_IMAGE" '["/bin/sh"]' "$rootfs.tar"
+    ctr_ images import "$rootfs.tar" >/dev/null
+    rm -rf "$rootfs" "$rootfs.tar"
+    log "imported $EXECD_IMAGE into the cluster's containerd"
+  fi
+elif ! podman image exists "$EXECD_IMAGE"; then
+  execd_rootfs
   tar -C "$rootfs" -cf "$rootfs.tar" .
   podman import --change 'ENV PATH=/bin' "$rootfs.tar" "$EXECD_IMAGE" >&2
   rm -rf "$rootfs" "$rootfs.tar"
   log "imported $EXECD_IMAGE"
+fi
+
+# 2b. Kubernetes: OpenSandbox's controller, built once per source and Go version, its CRDs and
+# namespace applied, and its manager running in the cluster's network namespace.
+if [ "$runtime" = kubernetes ]; then
+  [ -f "$k8s_source" ] || {
+    log "NEMO_GYM_OPENSANDBOX_K8S_SOURCE=$k8s_source: not a .tgz of OpenSandbox's kubernetes/ folder"
+    exit 1
+  }
+  controller_key="$(echo "archive $(sha256sum "$k8s_source" | cut -d' ' -f1) $("$go_bin" version)" | sha256sum | cut -c1-16)"
+  CONTROLLER="$CACHE/controller-$controller_key"
+  if [ ! -x "$CONTROLLER/controller" ]; then
+    log "building OpenSandbox's controller with $("$go_bin" version) into $CONTROLLER (10+ minutes cold)"
+    rm -rf "$CONTROLLER.tmp.$$"
+    mkdir -p "$CONTROLLER.tmp.$$/src"
+    tar -xzf "$k8s_source" -C "$CONTROLLER.tmp.$$/src"
+    started=$SECONDS
+    (cd "$CONTROLLER.tmp.$$/src/kubernetes" && GOTOOLCHAIN=local CGO_ENABLED=0 \
+      nice -n 10 "$go_bin" build -trimpath -o "$CONTROLLER.tmp.$$/controller" ./cmd/controller) >&2
+    cp -r "$CONTROLLER.tmp.$$/src/kubernetes/config/crd/bases" "$CONTROLLER.tmp.$$/crd"
+    rm -rf "$CONTROLLER.tmp.$$/src"
+    rm -rf "$CONTROLLER"
+    mv "$CONTROLLER.tmp.$$" "$CONTROLLER"
+    log "built the controller in $((SECONDS - started)) s"
+  fi
+  kubectl_ apply --server-side --force-conflicts -f "$CONTROLLER/crd" >/dev/null
+  kubectl_ wait --for condition=established --timeout=60s -f "$CONTROLLER/crd" >/dev/null
+  kubectl_ get namespace "$K8S_NAMESPACE" >/dev/null 2>&1 || kubectl_ create namespace "$K8S_NAMESPACE" >/dev/null
+  if ! our_controller >/dev/null; then
+    rm -f "$CONTROLLER_PID_FILE" "$CONTROLLER_IDENTITY_FILE"
+    # No metrics or probe listener (0); --log-file-path marks the process as this folder's.
+    (cd "$STATE_DIR" && exec setsid nohup nsenter --net="$NETNS" "$CONTROLLER/controller" \
+      --kubeconfig "$CLUSTER_KUBECONFIG" --metrics-bind-address=0 \
+      --health-probe-bind-address=0 --log-file-path="$STATE_DIR/controller-file.log" \
+      >"$STATE_DIR/controller.log" 2>&1 </dev/null 9>&-) &
+    pid=$!
+    for _ in $(seq 1 100); do
+      grep -qzF -- "--log-file-path=$STATE_DIR/controller-file.log" "/proc/$pid/cmdline" 2>/dev/null && break
+      alive "$pid" || break
+      sleep 0.05
+    done
+    {
+      echo "PID=$pid"
+      echo "START_TIME=$(start_time "$pid")"
+    } >"$CONTROLLER_IDENTITY_FILE"
+    echo "$pid" >"$CONTROLLER_PID_FILE"
+    for _ in $(seq 1 300); do
+      grep -q '"Starting workers".*"BatchSandbox"' "$STATE_DIR/controller.log" 2>/dev/null && break
+      alive "$pid" || break
+      sleep 0.2
+    done
+    if ! grep -q '"Starting workers".*"BatchSandbox"' "$STATE_DIR/controller.log" 2>/dev/null; then
+      log "the controller did not start its BatchSandbox workers; its log ($STATE_DIR/controller.log):"
+      tail -n 30 "$STATE_DIR/controller.log" >&2 || true
+      exit 1
+    fi
+    log "controller started (pid $pid, log $STATE_DIR/controller.log)"
+  fi
 fi
 
 # 3. The server, in a virtualenv of its own (Python 3.12), once per version.
@@ -187,10 +331,14 @@ if [ ! -s "$KEY_FILE" ]; then
 fi
 chmod 600 "$KEY_FILE"
 
+# Kubernetes: the server lives in the cluster's network namespace, and is asked in there.
+in_place=()
+[ "$runtime" = kubernetes ] && in_place=(nsenter --net="$NETNS")
+
 answers() {
   # shellcheck disable=SC1090
   [ -f "$PORT_FILE" ] && . "$PORT_FILE" &&
-    curl -fsS --max-time 2 "http://$OPENSANDBOX_DOMAIN/health" >/dev/null 2>&1
+    "${in_place[@]}" curl -fsS --max-time 2 "http://$OPENSANDBOX_DOMAIN/health" >/dev/null 2>&1
 }
 
 if pid="$(our_server)"; then
@@ -206,7 +354,7 @@ if ! our_server >/dev/null; then
   # objects made against it keep their domain across a restart), else a free one.
   previous="$(sed -n 's/^OPENSANDBOX_DOMAIN=127.0.0.1://p' "$PORT_FILE" 2>/dev/null || true)"
   rm -f "$PID_FILE" "$IDENTITY_FILE" "$PORT_FILE"
-  port="$(python3 "$CHECKOUT/scripts/free_port.py" "${previous:-0}")"
+  port="$("${in_place[@]}" python3 "$CHECKOUT/scripts/free_port.py" "${previous:-0}")"
   # The key goes into the configuration from its file, never through an argument.
   {
     echo '[server]'
@@ -216,21 +364,29 @@ if ! our_server >/dev/null; then
     echo '[log]'
     echo 'level = "INFO"'
     echo '[runtime]'
-    echo 'type = "docker"'
+    echo "type = \"$runtime\""
     echo "execd_image = \"$EXECD_IMAGE\""
     echo '[store]'
     echo 'type = "sqlite"'
     echo "path = \"$STATE_DIR/opensandbox.db\""
-    echo '[docker]'
-    echo 'network_mode = "bridge"'
-    echo 'pids_limit = 256'
-    echo 'publish_host = "127.0.0.1"'
+    if [ "$runtime" = kubernetes ]; then
+      echo '[kubernetes]'
+      echo "kubeconfig_path = \"$CLUSTER_KUBECONFIG\""
+      echo "namespace = \"$K8S_NAMESPACE\""
+      echo 'workload_provider = "batchsandbox"'
+      echo 'image_pull_policy = "Never"'
+    else
+      echo '[docker]'
+      echo 'network_mode = "bridge"'
+      echo 'pids_limit = 256'
+      echo 'publish_host = "127.0.0.1"'
+    fi
     echo '[ingress]'
     echo 'mode = "direct"'
   } >"$CONFIG"
   chmod 600 "$CONFIG"
   echo "OPENSANDBOX_DOMAIN=127.0.0.1:$port" >"$PORT_FILE"
-  (cd "$STATE_DIR" && exec setsid nohup "$SERVER_VENV/bin/python" \
+  (cd "$STATE_DIR" && exec setsid nohup "${in_place[@]}" "$SERVER_VENV/bin/python" \
     "$SERVER_VENV/bin/opensandbox-server" --config "$CONFIG" \
     >"$STATE_DIR/server.log" 2>&1 </dev/null 9>&-) &
   pid=$!
@@ -254,10 +410,15 @@ if ! our_server >/dev/null; then
     tail -n 30 "$STATE_DIR/server.log" >&2 || true
     exit 1
   fi
-  log "server started (pid $pid, log $STATE_DIR/server.log, engine $DOCKER_HOST)"
+  if [ "$runtime" = kubernetes ]; then
+    log "server started (pid $pid, log $STATE_DIR/server.log, Kubernetes namespace $K8S_NAMESPACE, network namespace $NETNS)"
+  else
+    log "server started (pid $pid, log $STATE_DIR/server.log, engine $DOCKER_HOST)"
+  fi
 fi
 
 # shellcheck disable=SC1090
 . "$PORT_FILE"
+[ "$runtime" = kubernetes ] && echo "OPENSANDBOX_KUBERNETES_NAMESPACE=$K8S_NAMESPACE"
 echo "OPENSANDBOX_DOMAIN=$OPENSANDBOX_DOMAIN"
 echo "OPENSANDBOX_API_KEY_FILE=$KEY_FILE"

@@ -163,6 +163,18 @@ SECTIONS: dict[str, Section] = {
         "tests/test_kubernetes_reader.py",
         _kubernetes_cluster,
     ),
+    "opensandbox_kubernetes": Section(
+        "needs NeMo Gym main (.venv-nemo-gym-main, from scripts/nemo-gym-main-env.sh) inside "
+        "the network namespace of scripts/start-kubernetes.sh's cluster, and Go for "
+        "OpenSandbox's controller and execd (scripts/start-opensandbox.sh --kubernetes, which "
+        'the test runs); run: eval "$(bash scripts/start-kubernetes.sh --env)" && '
+        'nsenter --net="$NEMO_GYM_KUBERNETES_NETNS" .venv-nemo-gym-main/bin/python -m pytest '
+        "-s -m opensandbox_kubernetes tests/test_opensandbox_kubernetes.py",
+        lambda: (
+            _importable("opensandbox", "bash scripts/nemo-gym-main-env.sh")()
+            or _kubernetes_cluster()
+        ),
+    ),
 }
 
 # The section of the test being run, or None: its missing services fail rather than skip.

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import re
+import shutil
 import signal
 import ssl
 import uuid
@@ -29,9 +30,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers import kubernetes as reader_module
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.kubernetes import KubernetesReader
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.opensandbox import OpenSandboxReader
 from opentelemetry.instrumentation.nemo_gym.sandbox.resource_telemetry import (
     PREFIX,
+    ResourceDesignator,
     ResourceSampler,
+    ResourcesUnknown,
 )
 from waiting import eventually
 
@@ -243,7 +247,8 @@ async def test_kubernetes_reader_cpu_loop_matches_the_kubelet(
             sample = await reader.resource_sample(handle)
             after = await kubelet_cpu_s(kubelet, pod)
             assert not isinstance(sample, reader_module.ResourcesUnknown)
-            assert before <= sample["usage.cpu.time_s"] <= after
+            # The reader rounds CPU time to the microsecond: so are the bounds.
+            assert round(before, 6) <= sample["usage.cpu.time_s"] <= round(after, 6)
             cpu.append(float(sample["usage.cpu.time_s"]))
             # The kubelet's figures move every few seconds (its housekeeping): wait for a move.
             await eventually(
@@ -602,3 +607,147 @@ async def test_kubernetes_reader_calls_do_not_grow_with_sandboxes(
         reader._summaries.clear()  # the next round is the next interval
     assert dict(reader.calls) == {"list": 1, "watch": 1, "summary": 2}
     await reader.aclose()
+
+
+# --- NeMo Gym's opensandbox provider: its reader chooses the pod ------------------------------
+
+
+class OpenSandboxProviderFields:
+    """What ``OpenSandboxReader`` reads of NeMo Gym's ``OpenSandboxProvider``: its server's
+    domain (the designators' scope) and the engine CLI it would ask, here the real Podman,
+    which knows no container of these sandboxes (they are pods)."""
+
+    class _Connection:
+        domain = "127.0.0.1:8090"
+
+    _connection = _Connection()
+    _binary = shutil.which("podman") or "podman"
+
+
+def kubeconfig_in(namespace: str, source: Path, tmp_path: Path) -> Path:
+    """``source`` with its contexts set to ``namespace``: the namespace the reader looks in."""
+    text, count = re.subn(
+        r"\n  context:\n", f"\n  context:\n    namespace: {namespace}\n", source.read_text()
+    )
+    assert count == 1
+    path = tmp_path / f"{namespace}.kubeconfig"
+    path.write_text(text)
+    return path
+
+
+def opensandbox_allocation(handle: SandboxHandle, pod: Pod, namespace: str) -> dict[str, Any]:
+    """The allocation record of a sandbox whose pod the opensandbox reader chose: the pod's
+    (``allocation_record``), designated as the sandbox of its server, the pod as its host."""
+    record = {
+        k: v
+        for k, v in allocation_record(handle, pod, namespace).items()
+        if ".designator." not in k and ".host." not in k
+    }
+    return {
+        **record,
+        ALLOCATION + "designator.kind": "opensandbox.sandbox",
+        ALLOCATION + "designator.id": handle.sandbox_id,
+        ALLOCATION + "designator.scope": "127.0.0.1:8090",
+        ALLOCATION + "host.kind": "k8s.pod",
+        ALLOCATION + "host.id": pod.metadata.uid,
+        ALLOCATION + "host.scope": api_scope(),
+    }
+
+
+async def released(reader: OpenSandboxReader, handle: SandboxHandle) -> None:
+    """Release the sandbox, and wait for the Kubernetes reader's clients to close (the
+    opensandbox reader closes them once it follows no pod)."""
+    reader.release(handle)
+    closing = reader._kubernetes_closing
+    if closing is not None:
+        await closing
+
+
+def unknown_allocation(handle: SandboxHandle, reason: str) -> dict[str, Any]:
+    return {
+        **identity(handle),
+        PREFIX + "resource.kind": "allocation",
+        PREFIX + "resource.final": False,
+        PREFIX + "allocation.unknown_reason": reason,
+    }
+
+
+async def test_opensandbox_reader_chooses_the_pod_in_the_configured_namespace(
+    admin: AsyncClient,
+    namespace: str,
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NeMo Gym's opensandbox provider, its sandbox a pod labelled as OpenSandbox labels them
+    in the kubeconfig's namespace, no engine here knowing it: the allocation is the pod's
+    (``kubernetes.pod``), the samples the kubelet's; a sandbox with no pod stays remote
+    (``container_not_found``, the engine's reason)."""
+    handle, pod = await start_pod(admin, namespace, "sleep 3600")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_in(namespace, ADMIN_KUBECONFIG, tmp_path)))
+    reader = OpenSandboxReader(OpenSandboxProviderFields())
+    sampler = ResourceSampler(reader, handle, identity(handle), 0)
+    sampler.start()
+    await sampler.record("allocation")
+    await sampler.stop()
+    await released(reader, handle)
+    missing = SandboxHandle(sandbox_id=uuid.uuid4().hex[:12], provider_name="opensandbox", raw=None)
+    assert await reader.resource_allocation(missing) == ResourcesUnknown("container_not_found")
+    await released(reader, missing)
+    assert records(spans, "allocation") == [opensandbox_allocation(handle, pod, namespace)]
+    (final,) = records(spans, "sample")
+    assert set(final) == sample_keys()
+    assert final[USAGE + "source"] == "kubelet.summary"
+    assert final[PREFIX + "resource.final"] is True
+    assert final[USAGE + "oom_kills"] == 0
+
+
+async def test_opensandbox_reader_without_the_cluster_stays_remote(
+    admin: AsyncClient,
+    namespace: str,
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same pod, but no Kubernetes configuration, or one naming another namespace: the
+    sandbox is remote with the engine's reason, ``container_not_found``, as before the cluster
+    was looked in; the control reader, configured for the pod's namespace, finds it."""
+    handle, pod = await start_pod(admin, namespace, "sleep 3600")
+    elsewhere = kubeconfig_in("default", ADMIN_KUBECONFIG, tmp_path)
+    for kubeconfig in (tmp_path / "none.kubeconfig", elsewhere):
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        reader = OpenSandboxReader(OpenSandboxProviderFields())
+        assert await reader.resource_allocation(handle) == ResourcesUnknown("container_not_found")
+        await released(reader, handle)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_in(namespace, ADMIN_KUBECONFIG, tmp_path)))
+    control = OpenSandboxReader(OpenSandboxProviderFields())
+    allocation = await control.resource_allocation(handle)
+    await released(control, handle)
+    assert getattr(allocation, "source", None) == "kubernetes.pod"
+    assert getattr(allocation, "host", None) == ResourceDesignator(
+        "k8s.pod", pod.metadata.uid, scope=api_scope()
+    )
+
+
+@pytest.mark.usefixtures("cluster_role_bindings")
+async def test_opensandbox_reader_cluster_forbidden_says_so(
+    admin: AsyncClient,
+    namespace: str,
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kubeconfig whose service account may not read the namespace's pods: the sandbox is
+    remote with the cluster's reason, ``kubernetes.forbidden``, not the engine's."""
+    handle, _ = await start_pod(admin, namespace, "sleep 3600")
+    kubeconfig = await service_account_kubeconfig(
+        admin, namespace, tmp_path, node_stats=True, pods=False
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_in(namespace, kubeconfig, tmp_path)))
+    reader = OpenSandboxReader(OpenSandboxProviderFields())
+    sampler = ResourceSampler(reader, handle, identity(handle), 0)
+    sampler.start()
+    await sampler.record("allocation")
+    await sampler.stop()
+    await released(reader, handle)
+    assert records(spans, "allocation") == [unknown_allocation(handle, "kubernetes.forbidden")]

@@ -84,6 +84,7 @@ __all__ = [
     "SUMMARY_SOURCE",
     "KubernetesReader",
     "amounts_of",
+    "configured_namespace",
     "quantity",
     "reason_of",
 ]
@@ -220,6 +221,24 @@ def server_scope(server: str) -> str | None:
     if not host:
         return None
     return f"{host}:{port if port is not None else 443}"
+
+
+def configured_namespace() -> str | None:
+    """The namespace of the configuration ``KubernetesReader`` would use by default (the
+    in-cluster service account's, else the current context's of ``KUBECONFIG`` or
+    ``~/.kube/config``, ``default`` where the context names none); ``None``, quietly, when
+    lightkube is not installed or there is no usable configuration: the caller then has no
+    cluster to look in."""
+    try:
+        from lightkube import KubeConfig
+        from lightkube.core.exceptions import ConfigError
+    except ImportError:
+        return None
+    try:
+        config = KubeConfig.from_env().get()
+    except (ConfigError, OSError, ValueError):
+        return None
+    return None if config is None else config.namespace
 
 
 @dataclass
@@ -389,6 +408,21 @@ class KubernetesReader:
         if stats is not None:
             sample.update(_figures(stats))
         return sample
+
+    @property
+    def following(self) -> int:
+        """How many sandboxes the reader follows (looked up and not released)."""
+        return len(self._followed)
+
+    async def lookup(self, handle: SandboxHandle) -> ResourcesUnknown | None:
+        """``None`` when the sandbox's pod is known (from the index, or one lookup by its
+        label), else why not (``kubernetes.pod_not_found``, ``kubernetes.forbidden``, ...).
+        A sandbox whose pod is not found is not followed: nothing is kept of it."""
+        found = await self._pod(str(handle.sandbox_id))
+        if isinstance(found, ResourcesUnknown):
+            self.release(handle)
+            return found
+        return None
 
     def release(self, handle: SandboxHandle) -> None:
         """Forget the sandbox (called after its final sample); the watch stops with the last."""

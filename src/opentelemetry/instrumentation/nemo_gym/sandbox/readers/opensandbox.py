@@ -12,9 +12,18 @@ runs decides what can be read:
   the allocation is what the engine set (``allocation.source`` ``docker.inspect``: cpu,
   memory and pids limits), samples come from the container's cgroup with its OOM kill count,
   else from the engine's stats.
-* **remote**: no engine here knows the container (the Kubernetes runtime, a server on another
-  machine). The allocation is unknown, with the reason (``container_not_found``, or
-  ``engine_unreachable`` when no engine answered): ``get_metrics()``'s ``cpu_count`` and
+* **a pod**: no engine here knows the container, but a Kubernetes configuration is available
+  (lightkube's: the in-cluster service account, else ``KUBECONFIG`` or ``~/.kube/config``) and a
+  pod labelled ``opensandbox.io/id=<sandbox id>`` is in its namespace (the current context's):
+  the server's Kubernetes runtime made it. It is read by ``KubernetesReader``
+  (``readers/kubernetes.py``): the allocation is the ``sandbox`` container's requests and limits
+  (``allocation.source`` ``kubernetes.pod``), placed on its node, samples come from the
+  kubelet's summary with the OOM kills of the container's statuses.
+* **remote**: neither an engine here nor the cluster knows the sandbox (a server on another
+  machine, a cluster this process has no configuration for). The allocation is unknown, with
+  the reason (``container_not_found``, or ``engine_unreachable`` when no engine answered; the
+  Kubernetes reader's reason, such as ``kubernetes.forbidden``, when a cluster is configured
+  but could not be asked): ``get_metrics()``'s ``cpu_count`` and
   ``memory_total_in_mib`` describe the server's host, not the sandbox (measured: 2 cores and
   24 GiB for a 0.5-CPU, 64 MiB sandbox), so they are never recorded. Samples come from
   OpenSandbox's metrics API through the provider's own SDK object, as what it reports and
@@ -43,7 +52,13 @@ Identity: the allocation's designator is ``opensandbox.sandbox`` with the sandbo
 (``host:port`` of the provider's ``connection.domain``; never the key: ``server_scope``, from
 ``_server_scope``). The sandbox state keys the sandbox by that scope too, so two servers'
 sandboxes with one id stay two sandboxes. Co-located, its ``host`` designator is the container
-(``container`` with the engine's ID, scoped by the daemon).
+(``container`` with the engine's ID, scoped by the daemon); a pod's is the pod (``k8s.pod``
+with its UID, scoped by the cluster), its node and namespace in ``allocation.placement.*``.
+
+Which place was chosen is the allocation's ``allocation.source``: ``docker.inspect``,
+``kubernetes.pod``, or none with the remote reason. The engine is asked first (today's
+co-located path, one ``docker ps``), the cluster only when the engine does not know the
+sandbox; the place is looked up once per sandbox.
 """
 
 from __future__ import annotations
@@ -57,6 +72,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.nemo_gym.sandbox._allocation import (
     Attribute,
+    PlacedAllocation,
     ResourceAllocation,
     ResourceDesignator,
     ResourcesUnknown,
@@ -69,6 +85,13 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import Sandbo
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.docker_cli import (
     DockerCliError,
     DockerCliReader,
+)
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.kubernetes import (
+    NO_CLIENT,
+    NO_CONFIG,
+    POD_NOT_FOUND,
+    KubernetesReader,
+    configured_namespace,
 )
 
 __all__ = [
@@ -127,13 +150,20 @@ def says_oom(info: object) -> bool:
     return _OOM.search(text) is not None
 
 
+# The Kubernetes reader's reasons that mean "no cluster to look in" or "not there": the
+# engine's reason says more.
+_NOT_IN_CLUSTER = (NO_CLIENT, NO_CONFIG, POD_NOT_FOUND)
+
+
 @dataclass
 class _Sandbox:
-    """What the reader knows of one sandbox: its container (``None``: remote), why it is
-    remote, its last metrics answer and its metrics call in flight."""
+    """What the reader knows of one sandbox: its container (``None``: a pod or remote),
+    whether its pod is read, why it is remote, its last metrics answer and its metrics call in
+    flight."""
 
     container: str | None
     remote_reason: str | None = None
+    pod: bool = False
     last: dict[str, Attribute] | ResourcesUnknown | None = None
     in_flight: asyncio.Task[dict[str, Attribute] | ResourcesUnknown] | None = None
 
@@ -151,6 +181,12 @@ class OpenSandboxReader:
         # The engine path is docker_cli's own reader, given the container's engine ID.
         self._docker = DockerCliReader(provider)
         self._located: dict[str, asyncio.Task[_Sandbox]] = {}
+        # The reader of the cluster's pods, made at the first sandbox no engine knows: False
+        # until then, None when there is no cluster to look in.
+        self._kubernetes: KubernetesReader | bool | None = False
+        # Its HTTP clients are closed whenever it follows no sandbox (this reader has no close
+        # of its own); a lookup waits for that close first.
+        self._kubernetes_closing: asyncio.Task[None] | None = None
 
     def _designator(self, handle: SandboxHandle) -> ResourceDesignator:
         return ResourceDesignator(DESIGNATOR_KIND, str(handle.sandbox_id), scope=self._scope)
@@ -161,6 +197,8 @@ class OpenSandboxReader:
         """What the engine set for the sandbox's container; unknown with the reason when no
         engine here knows it."""
         sandbox = await self._sandbox(handle)
+        if sandbox.pod:
+            return await self._pod_allocation(handle)
         if sandbox.container is None:
             return ResourcesUnknown(sandbox.remote_reason or CONTAINER_NOT_FOUND)
         engine = await self._docker.resource_allocation(_container_handle(sandbox.container))
@@ -177,6 +215,8 @@ class OpenSandboxReader:
         """One usage sample: the container's (cgroup, else engine stats) when co-located,
         else OpenSandbox's metrics API."""
         sandbox = await self._sandbox(handle)
+        if sandbox.pod and isinstance(self._kubernetes, KubernetesReader):
+            return await self._kubernetes.resource_sample(handle)
         if sandbox.container is not None:
             return await self._container_sample(handle, sandbox.container)
         return await self._metrics_sample(handle, sandbox)
@@ -200,6 +240,10 @@ class OpenSandboxReader:
             sandbox = None if located.exception() else located.result()
             if sandbox is not None and sandbox.container is not None:
                 self._docker.release(_container_handle(sandbox.container))
+            if sandbox is not None and sandbox.pod and self._kubernetes:
+                assert isinstance(self._kubernetes, KubernetesReader)  # a pod: found by it
+                self._kubernetes.release(handle)
+                self._close_kubernetes_when_idle()
             if sandbox is not None and sandbox.in_flight is not None:
                 sandbox.in_flight.cancel()
 
@@ -217,6 +261,59 @@ class OpenSandboxReader:
         return await asyncio.shield(located)
 
     async def _locate(self, sandbox_id: str) -> _Sandbox:
+        """The container labelled with the sandbox id on the engine this process reaches, else
+        its pod in the cluster this process is configured for, else remote."""
+        engine = await self._locate_container(sandbox_id)
+        if engine.container is not None:
+            return engine
+        kubernetes = self._kubernetes_reader()
+        if kubernetes is None:
+            return engine
+        handle = SandboxHandle(sandbox_id=sandbox_id, provider_name="opensandbox", raw=None)
+        closing = self._kubernetes_closing
+        if closing is not None and not closing.done():
+            await asyncio.shield(closing)
+        missing = await kubernetes.lookup(handle)
+        if missing is None:
+            return _Sandbox(None, pod=True)
+        self._close_kubernetes_when_idle()
+        if missing.reason in _NOT_IN_CLUSTER:
+            return engine
+        return _Sandbox(None, missing.reason)
+
+    def _kubernetes_reader(self) -> KubernetesReader | None:
+        """The reader of the configured cluster's pods, in its configuration's namespace; made
+        once, ``None`` when lightkube or a configuration is missing."""
+        if self._kubernetes is False:
+            namespace = configured_namespace()
+            self._kubernetes = None if namespace is None else KubernetesReader(namespace)
+        return self._kubernetes if isinstance(self._kubernetes, KubernetesReader) else None
+
+    def _close_kubernetes_when_idle(self) -> None:
+        """Close the Kubernetes reader's clients (its watch has stopped) when it follows no
+        sandbox: they belong to this event loop, and nothing else would close them."""
+        kubernetes = self._kubernetes
+        if not isinstance(kubernetes, KubernetesReader) or kubernetes.following:
+            return
+        closing = self._kubernetes_closing
+        if closing is None or closing.done():
+            self._kubernetes_closing = asyncio.ensure_future(kubernetes.aclose())
+
+    async def _pod_allocation(self, handle: SandboxHandle) -> ResourceAllocation | ResourcesUnknown:
+        """The pod's requests and limits, designated as the sandbox (the pod as its host)."""
+        assert isinstance(self._kubernetes, KubernetesReader)  # a pod was found through it
+        pod = await self._kubernetes.resource_allocation(handle)
+        if isinstance(pod, ResourcesUnknown):
+            return pod
+        return PlacedAllocation(
+            source=pod.source,
+            components=pod.components,
+            designator=self._designator(handle),
+            host=pod.designator,
+            placement=pod.placement,
+        )
+
+    async def _locate_container(self, sandbox_id: str) -> _Sandbox:
         """The container labelled with the sandbox id on the engine this process reaches,
         from one list of the labelled containers shared by the lookups of a burst."""
         engine = self._docker.engine
@@ -241,7 +338,7 @@ class OpenSandboxReader:
             return await self._docker.resource_sample(_container_handle(container))
         except DockerCliError:
             # Removed from outside (or the engine went away): say which, once known.
-            gone = await self._locate(str(handle.sandbox_id))
+            gone = await self._locate_container(str(handle.sandbox_id))
             if gone.container is None and gone.remote_reason == CONTAINER_NOT_FOUND:
                 return ResourcesUnknown(CONTAINER_REMOVED)
             raise

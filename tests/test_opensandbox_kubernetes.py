@@ -1,0 +1,332 @@
+"""NeMo Gym main's ``opensandbox`` provider on OpenSandbox's Kubernetes runtime: true records.
+
+A user's script, run under a real ``opentelemetry-instrument`` on NeMo Gym's repository main,
+creates a sandbox (cpu 0.5, memory 64 MiB) through ``AsyncSandbox({"opensandbox": {...}})``
+against the server of ``scripts/start-opensandbox.sh --kubernetes``: the server makes a
+``BatchSandbox``, OpenSandbox's controller its pod, on the single-node cluster of
+``scripts/start-kubernetes.sh``. The script runs a command, uploads and downloads a file,
+runs a command that makes the kernel OOM-kill the sandbox container's first process, and
+closes the sandbox. No engine is in its reach (``DOCKER_HOST`` names no socket), its
+``KUBECONFIG`` names the server's namespace: the plugin's opensandbox reader reads the pod.
+Spans and metrics go over OTLP/HTTP to a receiver on loopback here. Everything runs inside the
+cluster's network namespace (the server reaches execd at the pod's address, the reader the
+kubelet at the node's); the ``opensandbox_kubernetes`` section (``SECTIONS`` in
+``conftest.py``) fails, never skips, when the cluster, the server or NeMo Gym main is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import INSTRUMENT
+from test_nemo_gym_main_providers import (
+    BOUND_S,
+    Receiver,
+    _samples,
+    _shown,
+    instrumented_env,
+    receiver,
+)
+from waiting import eventually
+
+try:  # NeMo Gym main's virtualenv has lightkube (this package's test extra)
+    from lightkube import AsyncClient
+    from lightkube.generic_resource import create_namespaced_resource
+    from lightkube.resources.core_v1 import Pod
+except ImportError:
+    pass
+
+pytestmark = [pytest.mark.opensandbox_kubernetes, pytest.mark.integration]
+
+__all__ = ["receiver"]
+
+P = "nemo.gym.sandbox."
+IMAGE = "localhost/nemo-gym-busybox:1"
+NAMESPACE = "opensandbox"
+REPO = Path(__file__).resolve().parent.parent
+START = REPO / "scripts" / "start-opensandbox.sh"
+NO_ENGINE = "unix:///nonexistent/opensandbox-test-no-engine.sock"
+SERVICE = "opensandbox-kubernetes"
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, tempfile
+    from pathlib import Path
+    from nemo_gym.sandbox import AsyncSandbox, SandboxResources, SandboxSpec
+
+    # As NeMo Gym's shipped opensandbox.yaml has it (short timeouts for a test).
+    CONFIG = {
+        "opensandbox": {
+            "connection": {
+                "domain": os.environ["OPENSANDBOX_DOMAIN"],
+                "api_key": os.environ["OPENSANDBOX_API_KEY"],
+                "protocol": "http",
+                "request_timeout_s": 60,
+                "use_server_proxy": True,
+            },
+            "create": {"timeout_s": 180, "retries": 1},
+            "operations": {"retries": 0, "close_timeout_s": 60},
+        }
+    }
+    # The first process of the sandbox container (bootstrap.sh) made the OOM killer's choice;
+    # the memory it fills is tmpfs, in no process's RSS, charged to the container's cgroup.
+    OOM = (
+        "echo 0 >/proc/self/oom_score_adj; echo 1000 >/proc/1/oom_score_adj; "
+        "dd if=/dev/zero of=/dev/shm/fill bs=4k count=40000"
+    )
+
+    async def main():
+        spec = SandboxSpec(
+            image=sys.argv[1],
+            resources=SandboxResources(cpu=0.5, memory_mib=64),
+            ready_timeout_s=120,
+        )
+        sandbox = AsyncSandbox(CONFIG, spec)
+        await sandbox.start()
+        echo = await sandbox.exec("echo hello from the pod", timeout_s=60)
+        folder = Path(tempfile.mkdtemp())
+        (folder / "up.txt").write_text("moved both ways\\n")
+        await sandbox.upload(folder / "up.txt", "/tmp/up.txt")
+        await sandbox.download("/tmp/up.txt", folder / "down.txt")
+        print(json.dumps({
+            "echo": echo.stdout, "echo_exit": echo.return_code,
+            "file": (folder / "down.txt").read_text(),
+        }), flush=True)
+        while True:
+            command = (await asyncio.to_thread(sys.stdin.readline)).strip()
+            try:
+                if command == "oom":
+                    answer = (await sandbox.exec(OOM, timeout_s=60)).return_code
+                else:
+                    await sandbox.stop()
+                    answer = "closed"
+            except Exception as exc:  # the provider's own exception, not ours
+                answer = type(exc).__name__
+            print(json.dumps({command: answer}), flush=True)
+            if command != "oom":
+                return
+
+    asyncio.run(main())
+    """
+)
+
+
+@dataclass
+class Server:
+    domain: str
+    key: str
+
+
+@pytest.fixture(scope="module")
+def server() -> Server:
+    """The server of ``scripts/start-opensandbox.sh --kubernetes`` (started when not running;
+    .ci/run stops it)."""
+    version = importlib.metadata.version("nemo-gym")
+    assert version.startswith("0.5"), f"nemo-gym {version} is not NeMo Gym main (0.5.x)"
+    done = subprocess.run(
+        ["bash", str(START), "--kubernetes"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, f"start-opensandbox.sh --kubernetes: {done.stderr[-3000:]}"
+    lines = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert lines["OPENSANDBOX_KUBERNETES_NAMESPACE"] == NAMESPACE
+    key = Path(lines["OPENSANDBOX_API_KEY_FILE"]).read_text().strip()
+    return Server(lines["OPENSANDBOX_DOMAIN"], key)
+
+
+def kubeconfig_in_namespace(tmp_path: Path) -> Path:
+    """The cluster's admin kubeconfig with its context in the server's namespace: where the
+    plugin's reader looks for the sandboxes' pods."""
+    text, count = re.subn(
+        r"\n  context:\n",
+        f"\n  context:\n    namespace: {NAMESPACE}\n",
+        Path(os.environ["KUBECONFIG"]).read_text(),
+    )
+    assert count == 1
+    path = tmp_path / "user.kubeconfig"
+    path.write_text(text)
+    return path
+
+
+class UserScript:
+    """The user's script under ``opentelemetry-instrument``, driven line by line."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    async def line(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), BOUND_S)
+        if not line:
+            _, stderr = await asyncio.wait_for(self.process.communicate(), BOUND_S)
+            pytest.fail(f"the user script ended: {stderr.decode()[-3000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    async def ask(self, command: str) -> Any:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command.encode() + b"\n")
+        await self.process.stdin.drain()
+        return (await self.line())[command]
+
+    async def finish(self) -> None:
+        _, stderr = await asyncio.wait_for(self.process.communicate(), BOUND_S)
+        assert self.process.returncode == 0, stderr.decode()[-3000:]
+
+
+@contextlib.asynccontextmanager
+async def user_script(
+    tmp_path: Path, server: Server, receiver: Receiver
+) -> AsyncIterator[UserScript]:
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    env = instrumented_env(SERVICE, receiver, "2")
+    env.update(
+        OPENSANDBOX_DOMAIN=server.domain,
+        OPENSANDBOX_API_KEY=server.key,
+        DOCKER_HOST=NO_ENGINE,
+        KUBECONFIG=str(kubeconfig_in_namespace(tmp_path)),
+    )
+    process = await asyncio.create_subprocess_exec(
+        str(INSTRUMENT),
+        sys.executable,
+        str(script),
+        IMAGE,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield UserScript(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def _periodic(records: list[dict[str, Any]], oom_kills: int) -> int:
+    """Periodic samples read from the kubelet's summary with ``oom_kills`` counted."""
+    return sum(
+        1
+        for s in _samples(records)
+        if not s[P + "resource.final"]
+        and s.get(P + "usage.source") == "kubelet.summary"
+        and s.get(P + "usage.oom_kills") == oom_kills
+    )
+
+
+def _cores(quantity: str) -> float:
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def _mib(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity[:-2])
+
+
+async def test_opensandbox_kubernetes_records_come_from_the_pod_and_the_kubelet(
+    server: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """A sandbox that OpenSandbox's Kubernetes runtime made a pod: its allocation is exactly the
+    requests and limits OpenSandbox set on the pod (``kubernetes.pod``), its samples are the
+    kubelet's, its OOM kill is counted, a final sample comes at close, and the close leaves no
+    BatchSandbox and no pod."""
+    batch_sandbox = create_namespaced_resource(
+        "sandbox.opensandbox.io", "v1alpha1", "BatchSandbox", "batchsandboxes"
+    )
+    admin = AsyncClient(namespace=NAMESPACE)
+    try:
+        async with user_script(tmp_path, server, receiver) as run:
+            moved = await run.line()
+            assert moved == {
+                "echo": "hello from the pod",
+                "echo_exit": 0,
+                "file": "moved both ways\n",
+            }
+            creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
+            assert len(creates) == 1
+            sandbox_id = creates[0][P + "id"]
+            pods = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
+            assert len(pods) == 1, [p.metadata.name for p in pods]
+            (pod,) = pods
+            (container,) = [c for c in pod.spec.containers if c.name == "sandbox"]
+            await receiver.until(
+                "2 kubelet samples",
+                lambda: _periodic(receiver.records(SERVICE), 0) >= 2,
+            )
+            assert await run.ask("oom") is not None
+            await receiver.until(
+                "a kubelet sample with the OOM kill",
+                lambda: _periodic(receiver.records(SERVICE), 1) >= 1,
+            )
+            assert await run.ask("close") == "closed"
+            await run.finish()
+
+        records = receiver.records(SERVICE)
+        print("\n== NeMo Gym's opensandbox provider, Kubernetes runtime ==\n" + _shown(records))
+        identity = {k: creates[0][k] for k in (P + "request.id", P + "provider", P + "id")}
+        assert all({k: r[k] for k in identity} == identity for r in records)
+        [allocation] = [r for r in records if r[P + "resource.kind"] == "allocation"]
+        limits, requests = container.resources.limits, container.resources.requests
+        component = P + "allocation.component.sandbox."
+        assert allocation == {
+            **identity,
+            P + "resource.kind": "allocation",
+            P + "resource.final": False,
+            P + "allocation.source": "kubernetes.pod",
+            P + "allocation.designator.kind": "opensandbox.sandbox",
+            P + "allocation.designator.id": sandbox_id,
+            P + "allocation.designator.scope": server.domain,
+            P + "allocation.host.kind": "k8s.pod",
+            P + "allocation.host.id": pod.metadata.uid,
+            P + "allocation.host.scope": allocation[P + "allocation.host.scope"],
+            P + "allocation.components": ["sandbox"],
+            component + "limits.cpu": _cores(limits["cpu"]),
+            component + "limits.memory_mib": _mib(limits["memory"]),
+            component + "limits.unspecified": ["disk_gib", "gpu"],
+            component + "requests.cpu": _cores(requests["cpu"]),
+            component + "requests.memory_mib": _mib(requests["memory"]),
+            component + "requests.unspecified": ["disk_gib", "gpu"],
+            P + "allocation.placement.namespace": NAMESPACE,
+            P + "allocation.placement.pod": pod.metadata.name,
+            P + "allocation.placement.node": pod.spec.nodeName,
+            P + "allocation.placement.qos_class": pod.status.qosClass,
+        }
+        # What NeMo Gym asked for, as OpenSandbox set it.
+        assert (_cores(limits["cpu"]), _mib(limits["memory"])) == (0.5, 64)
+
+        samples = _samples(records)
+        assert all(s.get(P + "usage.source") == "kubelet.summary" for s in samples)
+        assert [s[P + "resource.final"] for s in samples].count(True) == 1
+        final = samples[-1]
+        assert final[P + "resource.final"] is True
+        assert final[P + "usage.oom_kills"] == 1
+        assert all(s.get(P + "usage.memory_mib", 0) <= 64 for s in samples)
+        assert receiver.oom_kills[SERVICE] == {((P + "provider", "opensandbox"),): 1}
+
+        async def nothing_left() -> bool:
+            left = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
+            left += [b async for b in admin.list(batch_sandbox)]
+            return not [o for o in left if o.metadata.name.startswith(sandbox_id)]
+
+        await eventually(nothing_left, "no BatchSandbox and no pod of the sandbox", timeout=120)
+    finally:
+        await admin.close()
