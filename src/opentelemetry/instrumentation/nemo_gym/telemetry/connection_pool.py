@@ -305,7 +305,10 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
         # Python 3.11 has no way to mark a plain function as a coroutine function, and code
         # that introspects (``inspect.iscoroutinefunction``, ``mock.patch(autospec=True)``,
         # frameworks choosing a sync or an async path) must see aiohttp's ``async def``: one
-        # coroutine frame more per request is the price of telling the truth there.
+        # coroutine frame more per request is the price of telling the truth there. Its body is
+        # ``_nemo_gym_connect``'s, written out rather than called: a call from here would be a
+        # second frame of ours per request, a third of the instructions an unqueued request
+        # adds (benchmarks/instruction_count.py; test_connect_introspection checks both).
         async def connect(
             self,
             req: ClientRequest,
@@ -313,7 +316,16 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
             timeout: _ClientTimeout,  # noqa: ASYNC109 - aiohttp's signature, forwarded as is
         ) -> Connection:
             """Count the destination, then get a connection exactly as aiohttp would."""
-            return await self._nemo_gym_connect(req, traces, timeout)
+            try:
+                try:
+                    self._nemo_gym_connects[_current_server_name()] += 1
+                except KeyError:
+                    self._nemo_gym_count_first(_current_server_name())
+            except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
+                _log_setup_failure_once(error)
+            if type(self) is QueueTimedTCPConnector:
+                return await _TCPConnector.connect(self, req, traces, timeout)
+            return await super().connect(req, traces, timeout)
 
     def _nemo_gym_count_first(self, label: str) -> None:
         # A label this connector has not counted yet: admit it under the provider's cap.
