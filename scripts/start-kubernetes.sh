@@ -445,7 +445,10 @@ kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
 kubeconfig "$STATE/scheduler.kubeconfig" scheduler
 kubeconfig "$STATE/kubelet.kubeconfig" kubelet-client
 
-# 4. The network namespace: the node's address on its lo, pods on a CNI bridge inside it.
+# 4. The network namespace: the node's address on its lo, pods on a CNI bridge inside it. A pod
+# has one route beyond its subnet, to the node's address through the bridge: the API server and
+# the kubelet are there, as in any cluster (a reader running in a pod, in-cluster); nothing else
+# is reachable from the namespace, so no default route.
 ip netns add "$NETNS_NAME"
 ip -n "$NETNS_NAME" link set lo up
 ip -n "$NETNS_NAME" addr add "$NODE_IP/32" dev lo
@@ -464,6 +467,7 @@ cat >"$STATE/cni/net.d/10-nemo-gym.conflist" <<EOF
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": "$POD_SUBNET", "gateway": "$POD_GATEWAY"}]],
+        "routes": [{"dst": "$NODE_IP/32"}],
         "dataDir": "$STATE/cni/ipam"
       }
     }

@@ -10,6 +10,7 @@ never skips, when the cluster is not there (tests/conftest.py, ``kubernetes``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -215,10 +216,17 @@ def allocation_record(handle: SandboxHandle, pod: Pod, namespace: str) -> dict[s
     }
 
 
+# What a sample from a running container holds, as the reader answers it.
+SAMPLE_FIGURES = {
+    "usage." + figure
+    for figure in ("source", "cpu.time_s", "memory_mib", "memory_rss_mib", "oom_kills", "restarts")
+}
+
+
 def sample_keys() -> set[str]:
+    """The attributes of a sample record from a running container."""
     base = {PREFIX + "provider", PREFIX + "id", PREFIX + "resource.kind", PREFIX + "resource.final"}
-    figures = {"source", "cpu.time_s", "memory_mib", "memory_rss_mib", "oom_kills", "restarts"}
-    return base | {USAGE + f for f in figures}
+    return base | {PREFIX + figure for figure in SAMPLE_FIGURES}
 
 
 @pytest.fixture(autouse=True)
@@ -377,11 +385,11 @@ def rbac_yaml(namespace: str) -> str:
     return block.group(1).replace("sandboxes", namespace)
 
 
-async def service_account_kubeconfig(
-    admin: AsyncClient, namespace: str, tmp_path: Path, *, node_stats: bool, pods: bool = True
-) -> Path:
+async def apply_documented_rbac(
+    admin: AsyncClient, namespace: str, *, node_stats: bool = True, pods: bool = True
+) -> None:
     """The docs' service account in ``namespace`` with the docs' RBAC (without the node
-    stats binding, or without the pods binding, when asked), and a kubeconfig with its token."""
+    stats binding, or without the pods binding, when asked)."""
     for obj in codecs.load_all_yaml(rbac_yaml(namespace)):
         kind = type(obj).__name__
         if (kind == "ClusterRoleBinding" and not node_stats) or (
@@ -393,6 +401,14 @@ async def service_account_kubeconfig(
         except ApiError as error:
             if not (kind == "ClusterRole" and error.status.code == 409):
                 raise
+
+
+async def service_account_kubeconfig(
+    admin: AsyncClient, namespace: str, tmp_path: Path, *, node_stats: bool, pods: bool = True
+) -> Path:
+    """The docs' service account and RBAC (``apply_documented_rbac``), and a kubeconfig with
+    the account's token."""
+    await apply_documented_rbac(admin, namespace, node_stats=node_stats, pods=pods)
     token = await admin.create(
         ServiceAccountToken(
             metadata=ObjectMeta(), spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)
@@ -439,14 +455,7 @@ async def test_kubernetes_reader_least_privilege_as_documented(
     assert allocation.designator.id == pod.metadata.uid
     sample = await reader.resource_sample(handle)
     assert isinstance(sample, dict)
-    assert set(sample) == {
-        "usage.source",
-        "usage.cpu.time_s",
-        "usage.memory_mib",
-        "usage.memory_rss_mib",
-        "usage.oom_kills",
-        "usage.restarts",
-    }
+    assert set(sample) == SAMPLE_FIGURES
     await reader.aclose()
     # The role really is that narrow: nodes/proxy (the API server's node proxy) is refused.
     async with httpx2.AsyncClient(
@@ -456,6 +465,127 @@ async def test_kubernetes_reader_least_privilege_as_documented(
     ) as api:
         proxied = await api.get(f"/api/v1/nodes/{NODE}/proxy/stats/summary")
     assert proxied.status_code == 403
+
+
+# Run inside the reader's pod by the host's interpreter (mounted read-only at the same paths):
+# the reader configured as a NeMo Gym server in the cluster would have it, by lightkube's
+# in-cluster configuration (the pod's service-account token), with no kubeconfig anywhere.
+IN_CLUSTER_READER = """
+import asyncio, json, os, sys
+from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import SandboxHandle
+from opentelemetry.instrumentation.nemo_gym.sandbox.readers.kubernetes import KubernetesReader
+
+async def main():
+    reader = KubernetesReader(sys.argv[1], summary_max_age_s=0)
+    handle = SandboxHandle(sandbox_id=sys.argv[2], provider_name="opensandbox", raw=None)
+    allocation = await reader.resource_allocation(handle)
+    sample = await reader.resource_sample(handle)
+    await reader.aclose()
+    print(json.dumps({
+        "kubeconfig": [k for k in ("KUBECONFIG",) if k in os.environ]
+        + [p for p in (os.path.expanduser("~/.kube/config"),) if os.path.exists(p)],
+        "allocation": repr(allocation) if not hasattr(allocation, "designator") else {
+            "source": allocation.source,
+            "designator": [allocation.designator.kind, allocation.designator.id,
+                           allocation.designator.scope],
+            "placement": dict(allocation.placement),
+        },
+        "sample": sample if isinstance(sample, dict) else repr(sample),
+    }))
+
+asyncio.run(main())
+"""
+
+
+def host_python_mounts() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and mounts that give a busybox container this host's interpreter, virtualenv
+    and checkout at the paths they have here, read-only."""
+    import sys
+
+    checkout = Path(__file__).resolve().parent.parent
+    paths = sorted(
+        {"/usr", "/lib", "/lib64", sys.prefix, os.path.realpath(sys.base_prefix), str(checkout)}
+    )
+    volumes, mounts = [], []
+    for number, path in enumerate(p for p in paths if os.path.exists(p)):
+        volumes.append({"name": f"host-{number}", "hostPath": {"path": os.path.realpath(path)}})
+        mounts.append({"name": f"host-{number}", "mountPath": path, "readOnly": True})
+    return volumes, mounts
+
+
+async def test_kubernetes_reader_in_cluster_with_the_pods_service_account(
+    admin: AsyncClient, namespace: str
+) -> None:
+    """The reader in a pod running as the docs' service account, with no kubeconfig: lightkube
+    takes the pod's token and the cluster's certificate authority by itself, and the allocation
+    and a sample are read with figures, scoped by the API server's address as the pod reached
+    it. (No kube-proxy runs here, so the pod is pointed at the API server's node address, as
+    KUBERNETES_SERVICE_HOST and _PORT point a pod at the service.)"""
+    import sys
+
+    handle, pod = await start_pod(admin, namespace, "sleep 3600")
+    await apply_documented_rbac(admin, namespace)
+    api_port = api_scope().rsplit(":", 1)[1]
+    volumes, mounts = host_python_mounts()
+    reader_pod = codecs.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "in-cluster-reader", "namespace": namespace},
+            "spec": {
+                "serviceAccountName": "nemo-gym-otel",
+                "restartPolicy": "Never",
+                "enableServiceLinks": False,
+                "terminationGracePeriodSeconds": 1,
+                "volumes": volumes,
+                "containers": [
+                    {
+                        "name": "reader",
+                        "image": IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": [
+                            sys.executable,
+                            "-c",
+                            IN_CLUSTER_READER,
+                            namespace,
+                            handle.sandbox_id,
+                        ],
+                        "env": [
+                            {"name": "KUBERNETES_SERVICE_HOST", "value": "192.0.2.1"},
+                            {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
+                            {"name": "HOME", "value": "/nonexistent"},
+                        ],
+                        "volumeMounts": mounts,
+                    }
+                ],
+            },
+        }
+    )
+    await admin.create(reader_pod)
+
+    async def finished() -> Pod | None:
+        found = await admin.get(Pod, "in-cluster-reader", namespace=namespace)
+        phase = found.status and found.status.phase
+        return found if phase in ("Succeeded", "Failed") else None
+
+    done = await eventually(finished, "the in-cluster reader's pod finished", timeout=180)
+    output = [line async for line in admin.log("in-cluster-reader", namespace=namespace)]
+    assert done.status is not None
+    assert done.status.phase == "Succeeded", "".join(output)
+    answer = json.loads(output[-1])
+    assert answer["kubeconfig"] == []
+    assert answer["allocation"] == {
+        "source": "kubernetes.pod",
+        "designator": ["k8s.pod", pod.metadata.uid, f"192.0.2.1:{api_port}"],
+        "placement": {
+            "namespace": namespace,
+            "pod": pod.metadata.name,
+            "node": NODE,
+            "qos_class": "Guaranteed",
+        },
+    }
+    assert answer["sample"]["usage.source"] == "kubelet.summary"
+    assert set(answer["sample"]) == SAMPLE_FIGURES
 
 
 def _token_of(kubeconfig: Path) -> str:
