@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -68,20 +69,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     from nemo_gym.sandbox import AsyncSandbox, SandboxResources, SandboxSpec
 
-    # As NeMo Gym's shipped opensandbox.yaml has it (short timeouts for a test).
-    CONFIG = {
-        "opensandbox": {
-            "connection": {
-                "domain": os.environ["OPENSANDBOX_DOMAIN"],
-                "api_key": os.environ["OPENSANDBOX_API_KEY"],
-                "protocol": "http",
-                "request_timeout_s": 60,
-                "use_server_proxy": True,
-            },
-            "create": {"timeout_s": 180, "retries": 1},
-            "operations": {"retries": 0, "close_timeout_s": 60},
-        }
-    }
+    CONFIG = json.loads(os.environ["OPENSANDBOX_TEST_CONFIG"])  # provider_config()
     # The first process of the sandbox container (bootstrap.sh) made the OOM killer's choice;
     # the memory it fills is tmpfs, in no process's RSS, charged to the container's cgroup.
     OOM = (
@@ -124,11 +112,75 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+# Creates one sandbox with short readiness bounds and says how it went; closes it if it started.
+CREATE = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    from nemo_gym.sandbox import AsyncSandbox, SandboxResources, SandboxSpec
+
+    CONFIG = json.loads(os.environ["OPENSANDBOX_TEST_CONFIG"])  # provider_config()
+
+    async def main():
+        spec = SandboxSpec(
+            image=sys.argv[1],
+            resources=SandboxResources(cpu=0.5, memory_mib=64),
+            ready_timeout_s=20,
+        )
+        sandbox = AsyncSandbox(CONFIG, spec)
+        try:
+            await sandbox.start()
+        except Exception as exc:  # the provider's own exception, not ours
+            print(json.dumps({"error": type(exc).__name__}), flush=True)
+            return
+        print(json.dumps({"started": True}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        await sandbox.stop()
+        print(json.dumps({"closed": True}), flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def provider_config(server: Server, timeout_s: float = 60, create_retries: int = 1) -> str:
+    """NeMo Gym's opensandbox provider configuration for ``server``, as its shipped
+    opensandbox.yaml has it with short timeouts for a test (``timeout_s`` for requests and
+    closes; a create has three times as long), as the user script reads it (JSON)."""
+    return json.dumps(
+        {
+            "opensandbox": {
+                "connection": {
+                    "domain": server.domain,
+                    "api_key": server.key,
+                    "protocol": "http",
+                    "request_timeout_s": timeout_s,
+                    "use_server_proxy": True,
+                },
+                "create": {"timeout_s": 3 * timeout_s, "retries": create_retries},
+                "operations": {"retries": 0, "close_timeout_s": timeout_s},
+            }
+        }
+    )
+
 
 @dataclass
 class Server:
     domain: str
     key: str
+    state: Path  # start-opensandbox.sh's state folder
+
+
+def controller_pid(server: Server) -> int:
+    """The controller start-opensandbox.sh started, checked as the script checks it (PID and
+    start time recorded at its start)."""
+    recorded = dict(
+        line.split("=", 1) for line in (server.state / "controller.identity").read_text().split()
+    )
+    pid = int((server.state / "controller.pid").read_text())
+    assert recorded["PID"] == str(pid)
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    assert stat.rsplit(") ", 1)[1].split()[19] == recorded["START_TIME"]
+    return pid
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +199,8 @@ def server() -> Server:
     assert done.returncode == 0, f"start-opensandbox.sh --kubernetes: {done.stderr[-3000:]}"
     lines = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert lines["OPENSANDBOX_KUBERNETES_NAMESPACE"] == NAMESPACE
-    key = Path(lines["OPENSANDBOX_API_KEY_FILE"]).read_text().strip()
-    return Server(lines["OPENSANDBOX_DOMAIN"], key)
+    key_file = Path(lines["OPENSANDBOX_API_KEY_FILE"])
+    return Server(lines["OPENSANDBOX_DOMAIN"], key_file.read_text().strip(), key_file.parent)
 
 
 def kubeconfig_in_namespace(tmp_path: Path) -> Path:
@@ -186,23 +238,29 @@ class UserScript:
         await self.process.stdin.drain()
         return (await self.line())[command]
 
-    async def finish(self) -> None:
+    async def finish(self) -> str:
+        """Wait for the script's end (status 0); its standard error (the plugin's log)."""
         _, stderr = await asyncio.wait_for(self.process.communicate(), BOUND_S)
         assert self.process.returncode == 0, stderr.decode()[-3000:]
+        return stderr.decode()
 
 
 @contextlib.asynccontextmanager
 async def user_script(
-    tmp_path: Path, server: Server, receiver: Receiver
+    tmp_path: Path,
+    server: Server,
+    receiver: Receiver,
+    text: str = SCRIPT,
+    kubeconfig: Path | None = None,
+    config: str | None = None,
 ) -> AsyncIterator[UserScript]:
     script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     env = instrumented_env(SERVICE, receiver, "2")
     env.update(
-        OPENSANDBOX_DOMAIN=server.domain,
-        OPENSANDBOX_API_KEY=server.key,
+        OPENSANDBOX_TEST_CONFIG=config or provider_config(server),
         DOCKER_HOST=NO_ENGINE,
-        KUBECONFIG=str(kubeconfig_in_namespace(tmp_path)),
+        KUBECONFIG=str(kubeconfig or kubeconfig_in_namespace(tmp_path)),
     )
     process = await asyncio.create_subprocess_exec(
         str(INSTRUMENT),
@@ -330,3 +388,138 @@ async def test_opensandbox_kubernetes_records_come_from_the_pod_and_the_kubelet(
         await eventually(nothing_left, "no BatchSandbox and no pod of the sandbox", timeout=120)
     finally:
         await admin.close()
+
+
+def _batch_sandbox() -> Any:
+    return create_namespaced_resource(
+        "sandbox.opensandbox.io", "v1alpha1", "BatchSandbox", "batchsandboxes"
+    )
+
+
+async def _remove_batch_sandboxes_made_since(admin: AsyncClient, before: set[str]) -> None:
+    """Delete what a failed create left behind (the server may leave its BatchSandbox), and wait
+    until neither it nor a pod of it is there, so the next test starts from the same cluster."""
+    batch_sandbox = _batch_sandbox()
+    left = [b.metadata.name async for b in admin.list(batch_sandbox)]
+    for name in set(left) - before:
+        with contextlib.suppress(Exception):  # the server may delete it at the same moment
+            await admin.delete(batch_sandbox, name, grace_period=0)
+
+    async def gone() -> bool:
+        names = {b.metadata.name async for b in admin.list(batch_sandbox)}
+        pods = {p.metadata.name async for p in admin.list(Pod)}
+        made = names - before
+        return not made and not any(p.startswith(tuple(set(left) - before)) for p in pods)
+
+    if set(left) - before:
+        await eventually(gone, "the failed create's BatchSandbox and pod removed", timeout=120)
+
+
+async def test_opensandbox_kubernetes_controller_down_no_allocation_invented(
+    server: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """OpenSandbox's controller stopped (SIGSTOP): the BatchSandbox never gets a pod, the
+    sandbox never becomes ready and NeMo Gym's provider gives up. The create span carries the
+    provider's error type; no allocation and no sample is recorded for a sandbox that never
+    ran. (The controller runs again afterwards, and what the create left is removed.)"""
+    admin = AsyncClient(namespace=NAMESPACE)
+    before = {b.metadata.name async for b in admin.list(_batch_sandbox())}
+    pid = controller_pid(server)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        short = provider_config(server, timeout_s=10, create_retries=0)
+        async with user_script(tmp_path, server, receiver, CREATE, config=short) as run:
+            answer = await run.line()
+            await run.finish()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        try:
+            await _remove_batch_sandboxes_made_since(admin, before)
+        finally:
+            await admin.close()
+    assert set(answer) == {"error"}, answer
+    spans = receiver.spans[SERVICE]
+    creates = [a for name, a in spans if name == "sandbox.create"]
+    assert len(creates) == 1
+    assert creates[0]["error.type"] == answer["error"]
+    assert receiver.records(SERVICE) == []
+
+
+async def test_opensandbox_kubernetes_service_account_without_pod_access(
+    server: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """The user's kubeconfig holds a service account that may not read the server's pods
+    (the docs' RBAC without its pods binding): the sandbox works as before, its allocation says
+    ``kubernetes.forbidden`` instead of figures, its samples come from OpenSandbox's metrics
+    API (the server's view of a sandbox this process cannot see), and the log says why once."""
+    from test_kubernetes_reader import service_account_kubeconfig
+
+    admin = AsyncClient(namespace=NAMESPACE)
+    try:
+        kubeconfig = await service_account_kubeconfig(
+            admin, NAMESPACE, tmp_path, node_stats=True, pods=False
+        )
+        text, count = re.subn(
+            r"\n  context:\n", f"\n  context:\n    namespace: {NAMESPACE}\n", kubeconfig.read_text()
+        )
+        assert count == 1
+        kubeconfig.write_text(text)
+        async with user_script(tmp_path, server, receiver, kubeconfig=kubeconfig) as run:
+            moved = await run.line()
+            assert moved["echo"] == "hello from the pod"
+            await receiver.until(
+                "a sample from OpenSandbox's metrics API",
+                lambda: _periodic_from(receiver.records(SERVICE), "opensandbox.metrics") >= 1,
+            )
+            assert await run.ask("close") == "closed"
+            log = await run.finish()
+    finally:
+        await _remove_documented_rbac(admin)
+        await admin.close()
+    records = receiver.records(SERVICE)
+    [allocation] = [r for r in records if r[P + "resource.kind"] == "allocation"]
+    identity = {k: allocation[k] for k in (P + "request.id", P + "provider", P + "id")}
+    assert allocation == {
+        **identity,
+        P + "resource.kind": "allocation",
+        P + "resource.final": False,
+        P + "allocation.unknown_reason": "kubernetes.forbidden",
+    }
+    # Its usage is still read, where the server can give it: OpenSandbox's metrics API, as
+    # for a sandbox no engine and no cluster here can see.
+    samples = [s for s in _samples(records) if not s[P + "resource.final"]]
+    assert samples
+    assert all(s[P + "usage.source"] == "opensandbox.metrics" for s in samples), samples
+    said = [line for line in log.splitlines() if "forbidden" in line]
+    assert said == [
+        "WARNING:opentelemetry.instrumentation.nemo_gym.sandbox.readers.kubernetes:Kubernetes "
+        f"sandbox reader: forbidden to list and watch pods (namespace {NAMESPACE}); records say "
+        "kubernetes.forbidden"
+    ]
+
+
+def _periodic_from(records: list[dict[str, Any]], source: str) -> int:
+    """Periodic samples whose figures came from ``source``."""
+    return sum(
+        1
+        for s in _samples(records)
+        if not s[P + "resource.final"] and s.get(P + "usage.source") == source
+    )
+
+
+async def _remove_documented_rbac(admin: AsyncClient) -> None:
+    """The docs' service account and RBAC in the server's namespace, removed (the namespace
+    outlives the test)."""
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+
+    from test_kubernetes_reader import rbac_yaml
+
+    for obj in codecs.load_all_yaml(rbac_yaml(NAMESPACE)):
+        if type(obj).__name__ == "ClusterRole":
+            continue  # shared by every namespace's binding
+        try:
+            await admin.delete(type(obj), obj.metadata.name, namespace=obj.metadata.namespace)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise

@@ -699,11 +699,13 @@ class KubernetesReader:
         )
 
     def _failed(self, action: str, exc: BaseException) -> str:
-        """The reason of a failed call, logged once per action and reason."""
+        """The reason of a failed call, logged once per action and reason; a refusal once per
+        resource (``action``'s last word): the index's list and watch and a lookup's list are
+        refused by one missing permission, which the operator reads about once."""
         reason = reason_of(exc)
         if reason == FORBIDDEN:
             _ONCE(
-                (action, reason, self.namespace),
+                (action.rsplit(" ", 1)[-1], reason, self.namespace),
                 logging.WARNING,
                 "Kubernetes sandbox reader: forbidden to %s (namespace %s); records say %s",
                 action,
