@@ -57,7 +57,11 @@ def spec(image: str) -> Any:
 
 
 def server_pid() -> int | None:
-    state = Path(os.environ.get("NEMO_GYM_OPENSANDBOX_DIR", ".opensandbox"))
+    """The server's PID from its state folder: ``NEMO_GYM_OPENSANDBOX_DIR``, else the folder of
+    the API key file it printed (``.opensandbox``, or ``.opensandbox-kubernetes`` for
+    ``--kubernetes``)."""
+    explicit = os.environ.get("NEMO_GYM_OPENSANDBOX_DIR")
+    state = Path(explicit) if explicit else Path(os.environ["OPENSANDBOX_API_KEY_FILE"]).parent
     try:
         return int((state / "server.pid").read_text().strip())
     except (OSError, ValueError):
