@@ -377,6 +377,43 @@ async def test_kubernetes_reader_pod_deleted_behind_its_back(
     }
 
 
+async def test_kubernetes_reader_pod_made_again_counts_a_restart(
+    admin: AsyncClient, namespace: str
+) -> None:
+    """A sandbox's pod deleted and made again with its label (as OpenSandbox's controller makes
+    it again): the reader follows the new pod, and its samples count the replacement as one
+    restart (the new container's CPU time starts from zero)."""
+    handle, first = await start_pod(admin, namespace, "sleep 3600")
+    reader = KubernetesReader(namespace, summary_max_age_s=0)
+    before = await reader.resource_sample(handle)
+    assert isinstance(before, dict)
+    assert before["usage.restarts"] == 0
+    await admin.delete(Pod, first.metadata.name, namespace=namespace, grace_period=0)
+
+    async def deleted() -> bool:
+        answer = await reader.resource_sample(handle)
+        return answer == reader_module.ResourcesUnknown("kubernetes.pod_deleted")
+
+    await eventually(deleted, "the reader saw the pod deleted", timeout=60)
+    again = pod_of("sandbox-again", str(handle.sandbox_id), "sleep 3600")
+    await admin.create(again, namespace=namespace)
+
+    async def from_the_new_pod() -> dict[str, Any] | None:
+        answer = await reader.resource_sample(handle)
+        return answer if isinstance(answer, dict) and "usage.cpu.time_s" in answer else None
+
+    after = await eventually(from_the_new_pod, "a sample of the new pod", timeout=120)
+    assert after["usage.restarts"] == 1
+    assert after["usage.oom_kills"] == 0
+    allocation = await reader.resource_allocation(handle)
+    assert not isinstance(allocation, reader_module.ResourcesUnknown)
+    assert allocation.designator is not None
+    assert allocation.designator.id != first.metadata.uid
+    assert dict(allocation.placement)["pod"] == "sandbox-again"
+    reader.release(handle)
+    await reader.aclose()
+
+
 def rbac_yaml(namespace: str) -> str:
     """The RBAC of docs/sandboxes.md, as it stands there, for ``namespace``."""
     text = DOCS.read_text()

@@ -307,9 +307,6 @@ async def test_opensandbox_kubernetes_records_come_from_the_pod_and_the_kubelet(
     requests and limits OpenSandbox set on the pod (``kubernetes.pod``), its samples are the
     kubelet's, its OOM kill is counted, a final sample comes at close, and the close leaves no
     BatchSandbox and no pod."""
-    batch_sandbox = create_namespaced_resource(
-        "sandbox.opensandbox.io", "v1alpha1", "BatchSandbox", "batchsandboxes"
-    )
     admin = AsyncClient(namespace=NAMESPACE)
     try:
         async with user_script(tmp_path, server, receiver) as run:
@@ -380,14 +377,20 @@ async def test_opensandbox_kubernetes_records_come_from_the_pod_and_the_kubelet(
         assert all(s.get(P + "usage.memory_mib", 0) <= 64 for s in samples)
         assert receiver.oom_kills[SERVICE] == {((P + "provider", "opensandbox"),): 1}
 
-        async def nothing_left() -> bool:
-            left = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
-            left += [b async for b in admin.list(batch_sandbox)]
-            return not [o for o in left if o.metadata.name.startswith(sandbox_id)]
-
-        await eventually(nothing_left, "no BatchSandbox and no pod of the sandbox", timeout=120)
+        await _nothing_left_of(admin, sandbox_id)
     finally:
         await admin.close()
+
+
+async def _nothing_left_of(admin: AsyncClient, sandbox_id: str) -> None:
+    """Wait until neither a BatchSandbox nor a pod of the sandbox is left in the cluster."""
+
+    async def nothing_left() -> bool:
+        left = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
+        left += [b async for b in admin.list(_batch_sandbox())]
+        return not [o for o in left if o.metadata.name.startswith(sandbox_id)]
+
+    await eventually(nothing_left, "no BatchSandbox and no pod of the sandbox", timeout=120)
 
 
 def _batch_sandbox() -> Any:
@@ -523,3 +526,46 @@ async def _remove_documented_rbac(admin: AsyncClient) -> None:
         except ApiError as error:
             if error.status.code != 404:
                 raise
+
+
+async def test_opensandbox_kubernetes_pod_deleted_mid_run(
+    server: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """The sandbox's pod deleted while NeMo Gym uses it: OpenSandbox's controller makes it
+    again (same name, a new UID), the plugin follows the new pod, and its samples say the
+    sandbox's container started again (``usage.restarts`` 1, CPU time from zero); the close
+    still leaves nothing behind."""
+    admin = AsyncClient(namespace=NAMESPACE)
+    try:
+        async with user_script(tmp_path, server, receiver) as run:
+            await run.line()
+            creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
+            sandbox_id = creates[0][P + "id"]
+            await receiver.until(
+                "a kubelet sample",
+                lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") >= 1,
+            )
+            (first,) = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
+            await admin.delete(Pod, first.metadata.name, grace_period=0)
+            await receiver.until(
+                "a sample of the pod made again",
+                lambda: any(
+                    s.get(P + "usage.restarts") == 1 and P + "usage.cpu.time_s" in s
+                    for s in _samples(receiver.records(SERVICE))
+                ),
+            )
+            (again,) = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
+            assert again.metadata.uid != first.metadata.uid
+            assert await run.ask("close") == "closed"
+            await run.finish()
+
+        samples = _samples(receiver.records(SERVICE))
+        restarts = [s[P + "usage.restarts"] for s in samples if P + "usage.restarts" in s]
+        assert restarts == sorted(restarts)
+        assert restarts[0] == 0
+        assert restarts[-1] == 1
+        assert samples[-1][P + "resource.final"] is True
+
+        await _nothing_left_of(admin, sandbox_id)
+    finally:
+        await admin.close()

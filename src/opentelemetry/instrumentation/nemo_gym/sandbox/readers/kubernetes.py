@@ -20,7 +20,10 @@ pods of one namespace:
   ``usage.restarts`` and ``usage.oom_kills``, the container's terminations with reason
   ``OOMKilled`` this reader has seen (each restart is a new container ID; a kill of an
   ``exec``'d process that leaves the container running is in no status, and not counted),
-  and ``usage.exit_code`` once the container has ended.
+  and ``usage.exit_code`` once the container has ended. A pod made again for the same sandbox
+  (by its controller, after a deletion or an eviction) is followed in its place: each such
+  replacement adds one to ``usage.restarts`` (its container's CPU time starts from zero), and
+  the OOM kills of the pods it replaced stay counted.
 
 Least privilege: ``get``, ``list`` and ``watch`` on pods in the namespace, and ``get`` on
 ``nodes/stats``, which the kubelet checks when it is asked directly (the API server's node
@@ -246,9 +249,13 @@ class _Pod:
     """What the index holds of one sandbox's pod."""
 
     pod: Any
-    # The IDs of the sandbox container's terminations with reason OOMKilled seen so far.
+    # The IDs of the sandbox container's terminations with reason OOMKilled seen so far, in
+    # this pod and in the pods it replaced.
     oom_kills: set[str] = field(default_factory=set)
     deleted: bool = False
+    # Pods of the sandbox this one replaced (its controller made it again after a deletion or
+    # an eviction): each a start of the sandbox's container afresh, counted as a restart.
+    replacements: int = 0
 
 
 @dataclass
@@ -394,10 +401,12 @@ class KubernetesReader:
             "usage.oom_kills": len(found.oom_kills),
         }
         if status is not None:
-            sample["usage.restarts"] = int(status.restartCount or 0)
+            sample["usage.restarts"] = int(status.restartCount or 0) + found.replacements
             terminated = getattr(status.state, "terminated", None)
             if terminated is not None:
                 sample["usage.exit_code"] = int(terminated.exitCode)
+        elif found.replacements:
+            sample["usage.restarts"] = found.replacements
         host_ip = pod.status.hostIP if pod.status is not None else None
         if not host_ip:
             return ResourcesUnknown(NOT_SCHEDULED)
@@ -625,7 +634,13 @@ class KubernetesReader:
         if known is None or known.pod.metadata.uid != pod.metadata.uid:
             if known is not None and _created(known.pod) > _created(pod) and not known.deleted:
                 return key  # an older pod with the same label: the newer one stays
-            known = self._pods[key] = _Pod(pod)
+            replaced, known = known, _Pod(pod)
+            if replaced is not None:
+                # The sandbox's pod made again: its container starts from nothing (CPU time
+                # from zero), which the samples' restarts say; earlier OOM kills stay counted.
+                known.oom_kills |= replaced.oom_kills
+                known.replacements = replaced.replacements + 1
+            self._pods[key] = known
         known.pod = pod
         known.deleted = False
         self._count_oom_kills(known)
