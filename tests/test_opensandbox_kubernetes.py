@@ -170,13 +170,13 @@ class Server:
     state: Path  # start-opensandbox.sh's state folder
 
 
-def controller_pid(server: Server) -> int:
-    """The controller start-opensandbox.sh started, checked as the script checks it (PID and
-    start time recorded at its start)."""
+def started_pid(server: Server, what: str) -> int:
+    """The ``controller`` or ``server`` start-opensandbox.sh started, checked as the script
+    checks it (PID and start time recorded at its start)."""
     recorded = dict(
-        line.split("=", 1) for line in (server.state / "controller.identity").read_text().split()
+        line.split("=", 1) for line in (server.state / f"{what}.identity").read_text().split()
     )
-    pid = int((server.state / "controller.pid").read_text())
+    pid = int((server.state / f"{what}.pid").read_text())
     assert recorded["PID"] == str(pid)
     stat = Path(f"/proc/{pid}/stat").read_text()
     assert stat.rsplit(") ", 1)[1].split()[19] == recorded["START_TIME"]
@@ -189,6 +189,12 @@ def server() -> Server:
     .ci/run stops it)."""
     version = importlib.metadata.version("nemo-gym")
     assert version.startswith("0.5"), f"nemo-gym {version} is not NeMo Gym main (0.5.x)"
+    return start_server()
+
+
+def start_server() -> Server:
+    """Run start-opensandbox.sh --kubernetes (it starts what is not running) and read what it
+    prints."""
     done = subprocess.run(
         ["bash", str(START), "--kubernetes"],
         capture_output=True,
@@ -427,7 +433,7 @@ async def test_opensandbox_kubernetes_controller_down_no_allocation_invented(
     ran. (The controller runs again afterwards, and what the create left is removed.)"""
     admin = AsyncClient(namespace=NAMESPACE)
     before = {b.metadata.name async for b in admin.list(_batch_sandbox())}
-    pid = controller_pid(server)
+    pid = started_pid(server, "controller")
     os.kill(pid, signal.SIGSTOP)
     try:
         short = provider_config(server, timeout_s=10, create_retries=0)
@@ -566,6 +572,45 @@ async def test_opensandbox_kubernetes_pod_deleted_mid_run(
         assert restarts[-1] == 1
         assert samples[-1][P + "resource.final"] is True
 
+        await _nothing_left_of(admin, sandbox_id)
+    finally:
+        await admin.close()
+
+
+async def test_opensandbox_kubernetes_server_restarted_mid_run(
+    server: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """The OpenSandbox server ended (SIGTERM) while NeMo Gym holds a sandbox, and started again
+    by start-opensandbox.sh: the pod goes on running, the plugin goes on sampling it from the
+    kubelet while no server answers (it asks the server nothing for a pod), and after the
+    restart NeMo Gym's close goes through the new server and leaves nothing behind."""
+    admin = AsyncClient(namespace=NAMESPACE)
+    try:
+        async with user_script(tmp_path, server, receiver) as run:
+            await run.line()
+            creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
+            sandbox_id = creates[0][P + "id"]
+            await receiver.until(
+                "a kubelet sample",
+                lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") >= 1,
+            )
+            pid = started_pid(server, "server")
+            os.kill(pid, signal.SIGTERM)
+            await eventually(
+                lambda: not Path(f"/proc/{pid}").exists(), "the server ended", timeout=60
+            )
+            seen = _periodic_from(receiver.records(SERVICE), "kubelet.summary")
+            await receiver.until(
+                "a kubelet sample while no server runs",
+                lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") > seen,
+            )
+            again = await asyncio.to_thread(start_server)
+            assert again.domain == server.domain
+            assert await run.ask("close") == "closed"
+            await run.finish()
+        samples = _samples(receiver.records(SERVICE))
+        assert all(s.get(P + "usage.source") == "kubelet.summary" for s in samples), samples
+        assert samples[-1][P + "resource.final"] is True
         await _nothing_left_of(admin, sandbox_id)
     finally:
         await admin.close()
