@@ -268,45 +268,42 @@ class QueueTimedTCPConnector(aiohttp.TCPConnector):
             self._nemo_gym_pending = deque(maxlen=0)
             self._nemo_gym_batch_size = 1
 
-    # Not ``async def`` where Python lets a plain function say it is a coroutine function
-    # (3.12's ``inspect.markcoroutinefunction``, below), and aiohttp's own parameters rather than
-    # ``*args, **kwargs``: this runs for every request, and a coroutine frame of our own, or
-    # packing and re-spreading the arguments, would each cost more than everything else a
-    # connect adds (benchmarks/instruction_count.py). The coroutine returned is the next
-    # ``connect`` in the MRO (aiohttp's), called with the caller's arguments, so
+    # Counted first so that failed, timed-out and cancelled connects are counted too; then the
+    # next ``connect`` in the MRO (aiohttp's), called with the caller's arguments, so
     # ``await connector.connect(...)`` behaves exactly as before, exceptions and cancellation
-    # included. Where aiohttp changes the parameters, ``timed_connector_mismatch`` keeps
-    # connectors plain, and ``test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters``
-    # fails.
-    def _nemo_gym_connect(
-        self, req: ClientRequest, traces: list[Trace], timeout: _ClientTimeout
-    ) -> Coroutine[Any, Any, Connection]:
-        """Count the destination, then get a connection exactly as aiohttp would.
-
-        Counted first so that failed, timed-out and cancelled connects are counted too.
-        Returns the awaitable of the next ``connect`` in the MRO.
-        """
-        try:
-            try:
-                self._nemo_gym_connects[_current_server_name()] += 1
-            except KeyError:
-                self._nemo_gym_count_first(_current_server_name())
-        except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
-            _log_setup_failure_once(error)
-        if type(self) is QueueTimedTCPConnector:
-            # What super() resolves to for this exact class, looked up at each call as super()
-            # does (so a patch of TCPConnector.connect applies), for less than super() costs.
-            return _TCPConnector.connect(self, req, traces, timeout)
-        return super().connect(req, traces, timeout)  # cooperative subclasses: the MRO
-
+    # included. aiohttp's own parameters rather than ``*args, **kwargs``: this runs for every
+    # request, and packing and re-spreading the arguments would cost more than everything else
+    # a connect adds (benchmarks/instruction_count.py). Where aiohttp changes the parameters,
+    # ``timed_connector_mismatch`` keeps connectors plain, and
+    # ``test_queue_timed_tcp_connector_connect_takes_aiohttp_parameters`` fails.
     if sys.version_info >= (3, 12):
-        connect = _nemo_gym_connect
+        # Not ``async def``: a coroutine frame of our own would cost more than the counting.
+        # It returns aiohttp's coroutine, and 3.12's ``inspect.markcoroutinefunction`` (below)
+        # makes introspection see a coroutine function, as aiohttp's is.
+        def connect(
+            self, req: ClientRequest, traces: list[Trace], timeout: _ClientTimeout
+        ) -> Coroutine[Any, Any, Connection]:
+            """Count the destination, then get a connection exactly as aiohttp would."""
+            try:
+                try:
+                    self._nemo_gym_connects[_current_server_name()] += 1
+                except KeyError:
+                    self._nemo_gym_count_first(_current_server_name())
+            except Exception as error:  # noqa: BLE001 - telemetry never breaks a request
+                _log_setup_failure_once(error)
+            if type(self) is QueueTimedTCPConnector:
+                # What super() resolves to for this exact class, looked up at each call as
+                # super() does (so a patch of TCPConnector.connect applies), for less than
+                # super() costs.
+                return _TCPConnector.connect(self, req, traces, timeout)
+            return super().connect(req, traces, timeout)  # cooperative subclasses: the MRO
+
     else:
         # Python 3.11 has no way to mark a plain function as a coroutine function, and code
         # that introspects (``inspect.iscoroutinefunction``, ``mock.patch(autospec=True)``,
         # frameworks choosing a sync or an async path) must see aiohttp's ``async def``: one
-        # coroutine frame more per request is the price of telling the truth there. Its body is
-        # ``_nemo_gym_connect``'s, written out rather than called: a call from here would be a
+        # coroutine frame more per request is the price of telling the truth there. The body
+        # is the 3.12 one's, written out: a call from here to a shared helper would be a
         # second frame of ours per request, a third of the instructions an unqueued request
         # adds (benchmarks/instruction_count.py; test_connect_introspection checks both).
         async def connect(
