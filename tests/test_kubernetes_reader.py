@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import ssl
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -537,8 +538,6 @@ asyncio.run(main())
 def host_python_mounts() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Volumes and mounts that give a busybox container this host's interpreter, virtualenv
     and checkout at the paths they have here, read-only."""
-    import sys
-
     checkout = Path(__file__).resolve().parent.parent
     paths = sorted(
         {"/usr", "/lib", "/lib64", sys.prefix, os.path.realpath(sys.base_prefix), str(checkout)}
@@ -558,8 +557,6 @@ async def test_kubernetes_reader_in_cluster_with_the_pods_service_account(
     and a sample are read with figures, scoped by the API server's address as the pod reached
     it. (No kube-proxy runs here, so the pod is pointed at the API server's node address, as
     KUBERNETES_SERVICE_HOST and _PORT point a pod at the service.)"""
-    import sys
-
     handle, pod = await start_pod(admin, namespace, "sleep 3600")
     await apply_documented_rbac(admin, namespace)
     api_port = api_scope().rsplit(":", 1)[1]

@@ -534,6 +534,19 @@ async def _remove_documented_rbac(admin: AsyncClient) -> None:
                 raise
 
 
+async def _created_and_sampled(run: UserScript, receiver: Receiver) -> str:
+    """Wait for the user script's first answer (its sandbox made and used) and for one
+    periodic sample from the kubelet; the sandbox's id."""
+    await run.line()
+    creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
+    sandbox_id: str = creates[0][P + "id"]
+    await receiver.until(
+        "a kubelet sample",
+        lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") >= 1,
+    )
+    return sandbox_id
+
+
 async def test_opensandbox_kubernetes_pod_deleted_mid_run(
     server: Server, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -544,13 +557,7 @@ async def test_opensandbox_kubernetes_pod_deleted_mid_run(
     admin = AsyncClient(namespace=NAMESPACE)
     try:
         async with user_script(tmp_path, server, receiver) as run:
-            await run.line()
-            creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
-            sandbox_id = creates[0][P + "id"]
-            await receiver.until(
-                "a kubelet sample",
-                lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") >= 1,
-            )
+            sandbox_id = await _created_and_sampled(run, receiver)
             (first,) = [p async for p in admin.list(Pod, labels={"opensandbox.io/id": sandbox_id})]
             await admin.delete(Pod, first.metadata.name, grace_period=0)
             await receiver.until(
@@ -587,13 +594,7 @@ async def test_opensandbox_kubernetes_server_restarted_mid_run(
     admin = AsyncClient(namespace=NAMESPACE)
     try:
         async with user_script(tmp_path, server, receiver) as run:
-            await run.line()
-            creates = [a for name, a in receiver.spans[SERVICE] if name == "sandbox.create"]
-            sandbox_id = creates[0][P + "id"]
-            await receiver.until(
-                "a kubelet sample",
-                lambda: _periodic_from(receiver.records(SERVICE), "kubelet.summary") >= 1,
-            )
+            sandbox_id = await _created_and_sampled(run, receiver)
             pid = started_pid(server, "server")
             os.kill(pid, signal.SIGTERM)
             await eventually(
