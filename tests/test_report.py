@@ -211,6 +211,29 @@ def _two_runs() -> list[Sample]:
             2.25,
             nemo_gym_sandbox_provider="otel_process",
         ),
+        _point(
+            _report.SANDBOX_MEMORY_PEAK,
+            "nemo-gym/agent",
+            "a1",
+            48 * 1024 * 1024,
+            nemo_gym_sandbox_provider="otel_process",
+        ),
+        # The same provider in another server: a row of its own, its peak its own.
+        _point(
+            _report.SANDBOX_CREATIONS,
+            "nemo-gym/model",
+            "m1",
+            2,
+            nemo_gym_sandbox_provider="otel_process",
+            nemo_gym_sandbox_outcome="created",
+        ),
+        _point(
+            _report.SANDBOX_CPU_TIME,
+            "nemo-gym/model",
+            "m1",
+            1.1,
+            nemo_gym_sandbox_provider="otel_process",
+        ),
     ]
 
 
@@ -255,9 +278,11 @@ def test_render_one_run_every_table() -> None:
         "  server          samples  p99 ms",
         "  nemo-gym/model      100    9.82  " + FULL,  # 1 + 9 * 49/50
         "",
-        "Sandboxes per provider",
-        "  provider      created  failed  OOM kills  CPU s",
-        "  otel_process        4       1          1    2.2  " + FULL,
+        "Sandboxes per provider and server",
+        "  provider      server          created  failed  OOM kills  CPU s  peak MiB",
+        "  otel_process  nemo-gym/agent        4       1          1    2.2      48.0  " + FULL,
+        # No memory sample from the model's sandboxes: no peak, rather than 0.
+        "  otel_process  nemo-gym/model        2       0          0    1.1         -  " + "█" * 12,
     ]
 
 

@@ -13,8 +13,9 @@ four plain-text tables with a bar per row:
   ``queue_constraint`` most waits name, with the callers' configured limit of that kind,
   ``gym.http.connection_pool.limit``);
 * event-loop lag p99 per server (``gym.event_loop.lag_ms``, the pressure metrics);
-* sandboxes per provider: created and failed (``gym.sandbox.creations`` by outcome), OOM kills
-  (``gym.sandbox.oom_kills``) and CPU seconds (``gym.sandbox.cpu.time``).
+* sandboxes per provider and server: created and failed (``gym.sandbox.creations`` by
+  outcome), OOM kills (``gym.sandbox.oom_kills``), CPU seconds (``gym.sandbox.cpu.time``) and
+  the highest memory any of them used (``gym.sandbox.memory.peak``, in MiB).
 
 A process belongs to a run by its resource: ``target_info``'s ``nemo_run_id`` label, joined on
 ``job`` and ``instance`` (``service.name``, ``service.instance.id``). The run is ``--run-id``,
@@ -55,6 +56,7 @@ LOOP_LAG_BUCKET = "gym_event_loop_lag_ms_milliseconds_bucket"
 SANDBOX_CREATIONS = "gym_sandbox_creations_total"
 SANDBOX_OOM_KILLS = "gym_sandbox_oom_kills_total"
 SANDBOX_CPU_TIME = "gym_sandbox_cpu_time_seconds_total"
+SANDBOX_MEMORY_PEAK = "gym_sandbox_memory_peak_bytes"
 TARGET_INFO = "target_info"
 # What the tables show: a process with none of these, and no NeMo Gym server name, has no row.
 _TABLED = frozenset(
@@ -65,6 +67,7 @@ _TABLED = frozenset(
         SANDBOX_CREATIONS,
         SANDBOX_OOM_KILLS,
         SANDBOX_CPU_TIME,
+        SANDBOX_MEMORY_PEAK,
     }
 )
 
@@ -81,6 +84,7 @@ RUN_ID_VARIABLE = "NEMO_GYM_OTEL_RUN_ID"
 URL_VARIABLE = "COLLECTOR_PROMETHEUS"
 BAR_WIDTH = 24
 _BAR = "█"
+_MIB = 1024 * 1024
 
 Process = tuple[str, str]  # (job, instance)
 
@@ -271,34 +275,45 @@ def _loop_lag(samples: Sequence[Sample], run: Run) -> list[str]:
 
 
 def _sandboxes(samples: Sequence[Sample], run: Run) -> list[str]:
-    columns: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    """One row per provider and server (the process's ``job``): a server that creates sandboxes
+    of two providers has two rows, two servers with the same provider one each."""
+    columns: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for sample in samples:
         provider = sample.labels.get(PROVIDER_LABEL)
         if provider is None:
             continue
+        row = columns[(provider, sample.labels.get("job", ""))]
         if sample.name == SANDBOX_CREATIONS:
             outcome = sample.labels.get(OUTCOME_LABEL, "")
-            columns[provider]["failed" if outcome == "failed" else "created"] += sample.value
+            row["failed" if outcome == "failed" else "created"] += sample.value
         elif sample.name == SANDBOX_OOM_KILLS:
-            columns[provider]["oom"] += sample.value
+            row["oom"] += sample.value
         elif sample.name == SANDBOX_CPU_TIME:
-            columns[provider]["cpu"] += sample.value
-    heading = "Sandboxes per provider"
+            row["cpu"] += sample.value
+        elif sample.name == SANDBOX_MEMORY_PEAK:
+            # A high-water mark per process: the run's is the highest of them.
+            row["memory"] = max(row["memory"], sample.value)
+            row["sampled"] = 1.0
+    heading = "Sandboxes per provider and server"
     if not columns:
         return [heading, "  (none: no process of this run created a sandbox)"]
+    processes = _process_counts(run)
+    ordered = sorted(columns.items())
     rows = [
         [
             provider,
+            _server(job, processes),
             _count(row["created"]),
             _count(row["failed"]),
             _count(row["oom"]),
             f"{row['cpu']:.1f}",
+            f"{row['memory'] / _MIB:.1f}" if row["sampled"] else "-",
         ]
-        for provider, row in sorted(columns.items())
+        for (provider, job), row in ordered
     ]
-    values = [row["cpu"] for _, row in sorted(columns.items())]
-    names = ["provider", "created", "failed", "OOM kills", "CPU s"]
-    return [heading, *_table(names, rows, values, numeric={1, 2, 3, 4})]
+    values = [row["cpu"] for _, row in ordered]
+    names = ["provider", "server", "created", "failed", "OOM kills", "CPU s", "peak MiB"]
+    return [heading, *_table(names, rows, values, numeric={2, 3, 4, 5, 6})]
 
 
 def _process_counts(run: Run) -> dict[str, int]:
