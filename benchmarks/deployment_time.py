@@ -13,6 +13,11 @@ repository root (about 10 minutes cold on 2 busy cores, 5 warm):
 
     .venv/bin/python benchmarks/deployment_time.py --cold
     .venv/bin/python benchmarks/deployment_time.py
+
+``--kubernetes`` times docs/nemo-gym-kubernetes.md instead, through
+``tests/test_nemo_gym_kubernetes.run_walk``: the clone's own cluster and OpenSandbox server
+start from its scripts (stop any other cluster on the machine first: two would share the
+kubelet's cgroups), and are stopped again at the end.
 """
 
 from __future__ import annotations
@@ -29,12 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import nemo_gym_deployment as deployment  # noqa: E402
+import test_nemo_gym_kubernetes as kubernetes_walk  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true", help="empty pip, uv, Go, collector caches")
-    cold = parser.parse_args().cold
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="docs/nemo-gym-kubernetes.md's walk instead"
+    )
+    args = parser.parse_args()
+    cold = args.cold
     base = Path(tempfile.mkdtemp(prefix="deployment-time-", dir="/tmp"))
     uv_cache = deployment.UV_CACHE
     if cold:
@@ -50,6 +60,10 @@ def main() -> None:
     start = time.monotonic()
     subprocess.run(["git", "clone", "-q", str(ROOT), str(base / "clone")], check=True)
     cloned = time.monotonic() - start
+    if args.kubernetes:
+        _kubernetes_walk(base / "clone", cloned, cold)
+        print(f"(left in {base}: the clone and the cold caches; remove it when done)")
+        return
     timeline = deployment.Timeline()
     run = deployment.run_deployment(
         clone=base / "clone", uv_cache=uv_cache, measure=True, timeline=timeline
@@ -65,6 +79,22 @@ def main() -> None:
         f"({run.rollouts} rollouts, {run.served} model calls served)"
     )
     print(f"(left in {base}: the clone and the cold caches; remove it when done)")
+
+
+def _kubernetes_walk(clone: Path, cloned: float, cold: bool) -> None:
+    scripts = clone / "scripts"
+    try:
+        walk = kubernetes_walk.run_walk(clone)
+    finally:
+        subprocess.run(["bash", str(scripts / "start-opensandbox.sh"), "--kubernetes", "--stop"])
+        subprocess.run(["bash", str(scripts / "start-kubernetes.sh"), "--stop"])
+    cluster = walk.seconds["cluster running"]
+    moments = ", ".join(f"{name} {cloned + s:.0f} s" for name, s in walk.seconds.items())
+    print(
+        f"{'cold' if cold else 'warm'} caches: clone {cloned:.1f} s, cluster started "
+        f"{cloned + cluster:.0f} s, then the page's shells: {moments} after the clone began "
+        f"({len(walk.rollouts)} rollouts)"
+    )
 
 
 if __name__ == "__main__":

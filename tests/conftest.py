@@ -99,6 +99,23 @@ def _kubernetes_cluster() -> str | None:
     return None
 
 
+def _kubernetes_deployment_ready() -> str | None:
+    # docs/nemo-gym-kubernetes.md: its `python=` line (pyenv's 3.13, else Debian/Ubuntu's) and
+    # scripts/start-kubernetes.sh's cluster started; the test itself runs on the host, as the
+    # page's shells do, and enters the cluster's network namespace where the page does.
+    run = (
+        'eval "$(bash scripts/start-kubernetes.sh --env)" && .venv/bin/python -m pytest -s '
+        "-m kubernetes_deployment tests/test_nemo_gym_kubernetes.py"
+    )
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    if not [*pyenv.glob("versions/3.13.*/bin/python3.13"), *Path("/usr/bin").glob("python3.13")]:
+        return f"no Python 3.13 in {pyenv}/versions/3.13.* or /usr/bin (pyenv install 3.13)"
+    kubeconfig, netns = os.environ.get("KUBECONFIG"), os.environ.get("NEMO_GYM_KUBERNETES_NETNS")
+    if not kubeconfig or not Path(kubeconfig).is_file() or not netns or not Path(netns).exists():
+        return f"KUBECONFIG and NEMO_GYM_KUBERNETES_NETNS are not set to a started cluster; {run}"
+    return None
+
+
 def _nothing_beyond_services() -> str | None:
     return None  # its services are checked where they are used, by require_service
 
@@ -174,6 +191,15 @@ SECTIONS: dict[str, Section] = {
             _importable("opensandbox", "bash scripts/nemo-gym-main-env.sh")()
             or _kubernetes_cluster()
         ),
+    ),
+    "kubernetes_deployment": Section(
+        "runs docs/nemo-gym-kubernetes.md's commands on the cluster of "
+        "scripts/start-kubernetes.sh (a Python 3.13 where that page looks, Go for the "
+        "collector and OpenSandbox, PyPI or a warm pip cache; NEMO_GYM_MAIN names NeMo Gym "
+        'main where its git URL is out of reach); run: eval "$(bash scripts/start-kubernetes.sh '
+        '--env)" && .venv/bin/python -m pytest -s -m kubernetes_deployment '
+        "tests/test_nemo_gym_kubernetes.py",
+        _kubernetes_deployment_ready,
     ),
 }
 

@@ -212,16 +212,20 @@ def end_by_pid(session: int, folder: Path, spare: int = 0) -> list[str]:
     return described
 
 
+def page_section(page: Path, title: str) -> str:
+    """A page's walk-through, from its ``title`` line up to the next heading."""
+    text = "\n" + page.read_text(encoding="utf-8")
+    return re.split(r"\n#{1,3} ", text.split(f"\n{title}\n", 1)[1], maxsplit=1)[0]
+
+
 def deployment_section() -> str:
     """The deployment walk-through, from the page's title up to its next heading."""
-    text = "\n" + DEPLOYMENT_PAGE.read_text(encoding="utf-8")
-    return re.split(r"\n#{1,3} ", text.split(f"\n{SECTION}\n", 1)[1], maxsplit=1)[0]
+    return page_section(DEPLOYMENT_PAGE, SECTION)
 
 
-def deployment_commands() -> list[list[str]]:
-    """The page's ``console`` blocks, each as the commands a user types into a shell: every
-    ``$ `` command with its continuation lines, exactly as written."""
-    body = deployment_section()
+def console_blocks(body: str) -> list[list[str]]:
+    """The ``console`` blocks of ``body``, each as the commands a user types into a shell:
+    every ``$ `` command with its continuation lines, exactly as written."""
     blocks: list[list[str]] = []
     commands: list[str] = []
     in_console = continued = False
@@ -240,21 +244,60 @@ def deployment_commands() -> list[list[str]]:
     return blocks
 
 
-def deployment_shells() -> list[str]:
-    """The page's three shells as scripts: the first shell; the second; and the report, typed
+def deployment_commands() -> list[list[str]]:
+    """The page's ``console`` blocks (``console_blocks``)."""
+    return console_blocks(deployment_section())
+
+
+def shells_of(blocks: list[list[str]]) -> list[str]:
+    """A walk's three shells as scripts: the first shell; the second; and the report, typed
     into the second shell after Ctrl-C, so run after that shell's commands but its last (the
     eval): its folder, virtualenv and exports."""
-    first, second, report = deployment_commands()
+    first, second, report = blocks
     # The second shell's state, its commands' own output aside: the report's is what is read.
     state = ["{", *second[:-1], "} >/dev/null"]
     return ["\n".join(first), "\n".join(second), "\n".join([*state, *report])]
 
 
-def report_output_on_page() -> str:
-    """The ``text`` block that follows the page's report command: what it printed."""
-    body = deployment_section()
-    after = body.split("$ nemo-gym-otel report", 1)[1]
+def deployment_shells() -> list[str]:
+    """The page's three shells as scripts (``shells_of``)."""
+    return shells_of(deployment_commands())
+
+
+def report_output_on_page(body: str | None = None, command: str = "$ nemo-gym-otel report") -> str:
+    """The ``text`` block that follows the report ``command`` in ``body`` (the deployment
+    page's walk by default): what it printed."""
+    after = (deployment_section() if body is None else body).split(command, 1)[1]
     return re.search(r"```text\n(.*?)```", after, re.S).group(1)  # type: ignore[union-attr]
+
+
+def connection_rows(report: str) -> list[tuple[str, str, int | None]]:
+    """The report's connections table as (server, destination, connects) rows."""
+    section = report.split("Connections per server", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in section.splitlines()[2:]:  # after the heading's rest and the column names
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[1:2] == ["(no requests)"]:
+            rows.append((cells[0], cells[1], None))
+        else:
+            rows.append((cells[0], cells[1], int(cells[2])))
+    return rows
+
+
+def report_shape(report: str) -> list[str]:
+    """The report's lines with the run id, numbers and bars masked and spaces collapsed; the
+    line naming other runs in the collector left out (the page's collector held one run), and
+    the heading's processes with nothing to report (Ray's dashboard and agent, where they
+    export under the run: the page says so beside its table)."""
+    shape = []
+    for line in report.splitlines():
+        if line.startswith("(the collector also holds"):
+            continue
+        line = re.sub(r"^run \S+:", "run RUN:", line)
+        line = re.sub(r" \(and \d+ process(es)? with nothing to report: [^)]*\)$", "", line)
+        line = re.sub(r"\d+(\.\d+)?", "N", re.sub("█+", "BAR", line))
+        shape.append(" ".join(line.split()))
+    return shape
 
 
 def tracing_page_commands() -> list[str]:

@@ -10,7 +10,8 @@ CONTRIBUTING.md and every page of docs/. Each is run once, however many pages sh
 * the install lines (``INSTALL_SEQUENCE``) run in order in a throwaway virtualenv, as a user
   with that virtualenv active would run them, ending with the zero-code command;
 * the NeMo Gym deployment walk-through's commands are run by
-  tests/test_nemo_gym_deployment.py, its two shells in order;
+  tests/test_nemo_gym_deployment.py, its two shells in order, and the Kubernetes one's
+  (docs/nemo-gym-kubernetes.md) by tests/test_nemo_gym_kubernetes.py;
 * the Ray walk-through's commands (docs/identity-and-ray.md) are run by
   tests/test_ray_walkthrough.py, on a Ray cluster of its own.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import test_nemo_gym_kubernetes as kubernetes_walk
 from conftest import require_service
 from nemo_gym_deployment import (
     CLONE,
@@ -38,10 +40,13 @@ from nemo_gym_deployment import (
     STUB_PORT,
     TRACING_PAGE,
     WORKING_FOLDER,
+    console_blocks,
     deployment_section,
     deployment_shells,
     fill,
+    page_section,
     report_output_on_page,
+    shells_of,
 )
 from ray_walkthrough import RAY_PAGE, walkthrough_commands
 
@@ -165,7 +170,10 @@ PAGE_COMMANDS = {page: page_commands(page.read_text(encoding="utf-8")) for page 
 COMMANDS = _each_command_once(PAGE_COMMANDS)
 # The deployment walk-through's commands: run by tests/test_nemo_gym_deployment.py, its two
 # shells in order (the second repeats the first's setup lines, as a user types them again).
-_NEMO_GYM_DEPLOYMENT = {command for command, _ in page_commands(deployment_section())}
+_NEMO_GYM_DEPLOYMENT = {command for command, _ in page_commands(deployment_section())} | {
+    command
+    for command, _ in page_commands(page_section(kubernetes_walk.PAGE, kubernetes_walk.SECTION))
+}
 # docs/tracing.md queries the deployment's Jaeger: tests/test_nemo_gym_deployment.py runs it
 # against that run's 300 traces (test_deployment_tracing_page_lists_the_slowest_rollouts).
 _NEMO_GYM_TRACING = {command for command, _ in page_commands(TRACING_PAGE.read_text("utf-8"))}
@@ -333,6 +341,26 @@ def test_docs_deployment_walkthrough_has_three_shells_and_every_placeholder() ->
     assert "gym eval run" not in report
     assert HEAD_PORT not in first + second
     assert report_output_on_page().startswith("run ")
+
+
+def test_docs_kubernetes_walkthrough_has_three_shells_and_every_placeholder() -> None:
+    """docs/nemo-gym-kubernetes.md still has what tests/test_nemo_gym_kubernetes.py fills and
+    runs: two shells, the report typed into the second afterwards, and what it printed."""
+    body = page_section(kubernetes_walk.PAGE, kubernetes_walk.SECTION)
+    shells = shells_of(console_blocks(body))
+    values = {
+        CLONE: "<clone>",
+        kubernetes_walk.WORKING_FOLDER: "<folder>",
+        MODEL_ENDPOINT: "<model>",
+    }
+    values |= {STUB_PORT: "<stub>", HEAD_PORT: "<port>"}
+    first, second, report = fill(shells, values)
+    assert "gym env start" in first
+    assert "<stub>" in first
+    assert "gym eval run" in second
+    assert report.splitlines()[-1].startswith(kubernetes_walk.REPORT_COMMAND.removeprefix("$ "))
+    assert HEAD_PORT not in first + second
+    assert report_output_on_page(body, kubernetes_walk.REPORT_COMMAND).startswith("run ")
 
 
 def test_docs_python_blocks_all_accounted_for() -> None:

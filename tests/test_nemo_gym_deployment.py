@@ -18,7 +18,6 @@ still all arrive.
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 from collections import defaultdict
 from typing import Any
@@ -39,8 +38,10 @@ from nemo_gym_deployment import (
     TASKS,
     Deployment,
     by_service,
+    connection_rows,
     connects_to,
     report_output_on_page,
+    report_shape,
     run_deployment,
     table,
 )
@@ -280,42 +281,13 @@ def test_deployment_tracing_page_lists_the_slowest_rollouts(deployment: Deployme
 # --- the page's `nemo-gym-otel report` ------------------------------------------------------------
 
 
-def _connection_rows(report: str) -> list[tuple[str, str, int | None]]:
-    """The report's connections table as (server, destination, connects) rows."""
-    section = report.split("Connections per server", 1)[1].split("\n\n", 1)[0]
-    rows = []
-    for line in section.splitlines()[2:]:  # after the heading's rest and the column names
-        cells = re.split(r"\s{2,}", line.strip())
-        if cells[1:2] == ["(no requests)"]:
-            rows.append((cells[0], cells[1], None))
-        else:
-            rows.append((cells[0], cells[1], int(cells[2])))
-    return rows
-
-
-def _shape(report: str) -> list[str]:
-    """The report's lines with the run id, numbers and bars masked and spaces collapsed; the
-    line naming other runs in the collector left out (the page's collector held one run), and
-    the heading's processes with nothing to report (Ray's dashboard and agent, where they
-    export under the run: the page says so beside its table)."""
-    shape = []
-    for line in report.splitlines():
-        if line.startswith("(the collector also holds"):
-            continue
-        line = re.sub(r"^run \S+:", "run RUN:", line)
-        line = re.sub(r" \(and \d+ process(es)? with nothing to report: [^)]*\)$", "", line)
-        line = re.sub(r"\d+(\.\d+)?", "N", re.sub("█+", "BAR", line))
-        shape.append(" ".join(line.split()))
-    return shape
-
-
 def test_deployment_report_matches_the_page(deployment: Deployment) -> None:
     """The page's `nemo-gym-otel report`, run after Ctrl-C, prints this run's table as the page
     shows it: the same rows, the same connects per server and destination, numbers aside."""
     report, page = deployment.report, report_output_on_page()
     assert report.startswith(f"run {deployment.run_id}: "), report
-    assert _connection_rows(report) == _connection_rows(page), report
-    assert _shape(report) == _shape(page), report
+    assert connection_rows(report) == connection_rows(page), report
+    assert report_shape(report) == report_shape(page), report
 
 
 def test_deployment_report_leaves_out_the_earlier_run(deployment: Deployment) -> None:
@@ -323,7 +295,7 @@ def test_deployment_report_leaves_out_the_earlier_run(deployment: Deployment) ->
     connects: its rows are this run's, the model endpoint's requests exactly."""
     assert f"(the collector also holds runs {EARLIER_RUN}: --run-id picks one)" in deployment.report
     rows = {
-        (server, destination): n for server, destination, n in _connection_rows(deployment.report)
+        (server, destination): n for server, destination, n in connection_rows(deployment.report)
     }
     assert rows[(service(MODEL), "external")] == deployment.served
     # The CLI's 301 of this run, not 301 + the earlier run's EARLIER_CONNECTS.
