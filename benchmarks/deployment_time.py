@@ -83,6 +83,14 @@ def main() -> None:
 
 def _kubernetes_walk(clone: Path, cloned: float, cold: bool) -> None:
     scripts = clone / "scripts"
+    # OpenSandbox's sources, as a user names them for a clone without ../shared beside it.
+    shared = ROOT.parent / "shared" / "opensandbox"
+    for variable, archive in (
+        ("NEMO_GYM_OPENSANDBOX_SOURCE", "opensandbox-execd-4db3a993.tgz"),
+        ("NEMO_GYM_OPENSANDBOX_K8S_SOURCE", "opensandbox-k8s-4db3a993.tgz"),
+    ):
+        if (shared / archive).exists():
+            os.environ.setdefault(variable, str(shared / archive))
     try:
         walk = kubernetes_walk.run_walk(clone)
     finally:

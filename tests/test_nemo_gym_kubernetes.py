@@ -79,6 +79,12 @@ SERVICE = f"nemo-gym/{RESOURCES}"
 NAMESPACE = "opensandbox"
 P = "nemo.gym.sandbox."
 SHARED_ARCHIVE = ROOT.parent / "shared" / "nemo-gym" / "nemo-gym-main-07d6b0d.tgz"
+OPENSANDBOX_SETTINGS = (
+    "NEMO_GYM_OPENSANDBOX_SOURCE",
+    "NEMO_GYM_OPENSANDBOX_K8S_SOURCE",
+    "NEMO_GYM_OPENSANDBOX_CACHE",
+    "NEMO_GYM_KUBERNETES_CACHE",
+)
 
 
 @dataclass
@@ -202,6 +208,11 @@ def _environment_of_a_fresh_shell(folder: Path, collector_state: Path) -> dict[s
     )
     if main:
         env["NEMO_GYM_MAIN"] = main
+    # Where the user's OpenSandbox source and build caches are: the page's start-opensandbox.sh
+    # line reads them (a clone without ../shared beside it needs the sources named).
+    for name in OPENSANDBOX_SETTINGS:
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
