@@ -24,6 +24,10 @@
 #   JAEGER_QUERY=http://127.0.0.1:<port>
 # and with --env as `export JAEGER_QUERY=...`. A collector started earlier without Jaeger is
 # replaced by one that sends to it; without --jaeger, a running collector is kept as it is.
+# `--build` only builds the binary (or finds it built) and starts nothing: run it where the Go
+# module proxy is reachable when the collector itself is then started in a network that has
+# none (docs/nemo-gym-kubernetes.md starts it in the Kubernetes cluster's network namespace);
+# a start from the same state folder meanwhile waits for it.
 # `--stop` ends the collector (and the Jaeger) this state folder started, and nothing else: a
 # process counts as ours only while it runs the binary recorded at its start, with the start
 # time the kernel gave it then (a reused PID has another) and this state folder's
@@ -46,7 +50,7 @@
 set -euo pipefail
 
 log() { echo "start-collector: $*" >&2; }
-usage() { log "usage: start-collector.sh [--jaeger] [--env] | --stop"; }
+usage() { log "usage: start-collector.sh [--jaeger] [--env] | --build | --stop"; }
 
 mode=lines
 jaeger=no
@@ -54,12 +58,18 @@ for argument in "$@"; do
   case "$argument" in
     --env) [ "$mode" = lines ] || { log "--env and --stop exclude each other"; usage; exit 2; }; mode=env ;;
     --stop) [ "$mode" = lines ] || { log "--env and --stop exclude each other"; usage; exit 2; }; mode=stop ;;
+    --build) [ "$mode" = lines ] || { log "--build stands alone"; usage; exit 2; }; mode=build ;;
     --jaeger) jaeger=yes ;;
     *) log "unknown argument: $argument"; usage; exit 2 ;;
   esac
 done
 if [ "$mode" = stop ] && [ "$jaeger" = yes ]; then
   log "--stop stops the Jaeger too; --jaeger has no place beside it"; usage; exit 2
+fi
+if [ "$mode" = build ] && [ "$jaeger" = yes ]; then
+  log "--build builds the one binary that runs Jaeger too; --jaeger has no place beside it"
+  usage
+  exit 2
 fi
 
 uid="$(id -u)"
@@ -315,6 +325,10 @@ key="$( (cat "$JAEGER_SRC/go.mod" "$JAEGER_SRC/go.sum"; "$go_bin" version) | sha
 BIN="$CACHE/$key/jaeger"
 build "the collector (Jaeger v1.76.0's binary, which runs Jaeger too)" "$JAEGER_SRC" "$BIN" \
   github.com/jaegertracing/jaeger/cmd/jaeger
+if [ "$mode" = build ]; then
+  log "built: $BIN"
+  exit 0
+fi
 
 # 3. Jaeger (with --jaeger), unless the one started earlier still answers.
 jaeger_answers() {

@@ -428,6 +428,26 @@ def test_start_collector_malformed_ports_exit_2(
     assert not (state / "collector.pid").exists()
 
 
+def test_start_collector_build_only_builds(tmp_path: Path) -> None:
+    """``--build`` leaves the binary built (here: found in the shared cache) and starts
+    nothing; beside ``--jaeger`` or ``--stop`` it is refused."""
+    state = tmp_path / "collector"
+
+    done = _run(state, "--build")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    (built,) = re.findall(r"start-collector: built: (\S+)", done.stderr)
+    assert Path(built).parent.parent == _build_cache()
+    assert os.access(built, os.X_OK)
+    assert not (state / "collector.pid").exists()
+    assert not (state / "ports.env").exists()
+    for other in ("--jaeger", "--stop"):
+        refused = _run(state, "--build", other)
+        assert refused.returncode == 2, other
+        assert "usage: start-collector.sh" in refused.stderr
+
+
 def test_start_collector_jaeger_receives_the_collectors_traces(
     tmp_path: Path, stopped_afterwards: list[Path]
 ) -> None:
