@@ -15,6 +15,7 @@ from opentelemetry.instrumentation.nemo_gym.sandbox.providers.base import Sandbo
 from opentelemetry.instrumentation.nemo_gym.sandbox.readers.kubernetes import (
     KubernetesReader,
     amounts_of,
+    exit_reason,
     quantity,
     reason_of,
     server_scope,
@@ -97,6 +98,24 @@ class ConnectError(Exception):
 def test_reason_of_names_the_failure_class(exc: BaseException, reason: str) -> None:
     """Forbidden, unauthorized, timeout, unreachable, else error; never the text."""
     assert reason_of(exc) == reason
+
+
+def test_exit_reason_the_pods_where_the_kubelet_ended_it_else_the_containers() -> None:
+    """An evicted pod's own reason wins over what its container says (the kubelet removed it:
+    ``ContainerStatusUnknown``); a pod that runs on has none, so the container's is taken."""
+    from lightkube.models.core_v1 import ContainerStateTerminated, PodStatus
+    from lightkube.resources.core_v1 import Pod
+
+    gone = ContainerStateTerminated(exitCode=137, reason="ContainerStatusUnknown")
+    evicted = Pod(status=PodStatus(phase="Failed", reason="Evicted"))
+    assert exit_reason(evicted, gone) == "Evicted"
+    running = Pod(status=PodStatus(phase="Running"))
+    killed = ContainerStateTerminated(exitCode=137, reason="OOMKilled")
+    assert exit_reason(running, killed) == "OOMKilled"
+    assert exit_reason(running, ContainerStateTerminated(exitCode=1)) is None
+    assert exit_reason(Pod(), ContainerStateTerminated(exitCode=0, reason="Completed")) == (
+        "Completed"
+    )
 
 
 def test_server_scope_is_host_and_port() -> None:

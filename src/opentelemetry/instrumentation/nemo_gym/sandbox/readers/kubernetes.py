@@ -20,7 +20,9 @@ pods of one namespace:
   ``usage.restarts`` and ``usage.oom_kills``, the container's terminations with reason
   ``OOMKilled`` this reader has seen (each restart is a new container ID; a kill of an
   ``exec``'d process that leaves the container running is in no status, and not counted),
-  and ``usage.exit_code`` once the container has ended. A pod made again for the same sandbox
+  and ``usage.exit_code`` once the container has ended, with ``usage.exit_reason``: the
+  pod's reason where the kubelet ended the whole pod (``Evicted``), else the container's
+  (``OOMKilled``, ``Error``, ``Completed``). A pod made again for the same sandbox
   (by its controller, after a deletion or an eviction) is followed in its place: each such
   replacement adds one to ``usage.restarts`` (its container's CPU time starts from zero), and
   the OOM kills of the pods it replaced stay counted.
@@ -88,6 +90,7 @@ __all__ = [
     "KubernetesReader",
     "amounts_of",
     "configured_namespace",
+    "exit_reason",
     "quantity",
     "reason_of",
 ]
@@ -192,6 +195,15 @@ def status_code_of(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
     return code if isinstance(code, int) else None
+
+
+def exit_reason(pod: Any, terminated: Any) -> str | None:
+    """Why the sandbox's container ended: the pod's reason where the kubelet ended the whole
+    pod (``Evicted``: its status says so, and its containers only that they are gone), else
+    the container's own (``OOMKilled``, ``Error``, ``Completed``); ``None`` where neither says."""
+    status = getattr(pod, "status", None)
+    reason = getattr(status, "reason", None) or getattr(terminated, "reason", None)
+    return str(reason) if reason else None
 
 
 def reason_of(exc: BaseException) -> str:
@@ -405,6 +417,9 @@ class KubernetesReader:
             terminated = getattr(status.state, "terminated", None)
             if terminated is not None:
                 sample["usage.exit_code"] = int(terminated.exitCode)
+                reason = exit_reason(pod, terminated)
+                if reason is not None:
+                    sample["usage.exit_reason"] = reason
         elif found.replacements:
             sample["usage.restarts"] = found.replacements
         host_ip = pod.status.hostIP if pod.status is not None else None
