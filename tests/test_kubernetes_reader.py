@@ -325,6 +325,7 @@ async def test_kubernetes_reader_counts_an_oom_kill(
         USAGE + "oom_kills": 1,
         USAGE + "restarts": 0,
         USAGE + "exit_code": 137,
+        USAGE + "exit_reason": "OOMKilled",
     }
     assert records(spans, "sample") == [
         {**oom, PREFIX + "resource.final": False},
