@@ -586,6 +586,55 @@ def ctrl_c_reaches_the_shells() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _shell(script: str, folder: Path) -> tuple[list[str], dict[str, Any]]:
+    """A walk's shell script as ``bash`` runs it: -e stops at the first failing command, as a
+    user would, -x shows which it was; in ``folder``, in a session of its own."""
+    return ["bash", "-e", "-x", "-c", script], {"cwd": folder, "start_new_session": True}
+
+
+def start_first_shell(script: str, folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a walk's first shell (it runs until Ctrl-C), its output in
+    ``folder/first-shell.log``."""
+    log_path = folder / "first-shell.log"
+    command, options = _shell(script, folder)
+    with log_path.open("w") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, **options)
+
+
+def wait_for_servers(gym: subprocess.Popen[bytes], folder: Path) -> None:
+    """Until the first shell's ``gym env start`` says its servers are ready; fails with the
+    log's tail if the shell ends first."""
+    log_path = folder / "first-shell.log"
+
+    def ready() -> bool:
+        if gym.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
+        return "servers ready!" in log_path.read_text(errors="replace")
+
+    # A bound, not a timing: a cold pip cache and collector build take minutes.
+    eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
+
+
+def run_second_shell(script: str, folder: Path, env: dict[str, str]) -> Path:
+    """Run a walk's second shell to its end (status 0, else its log's tail fails the test);
+    its log, ``folder/second-shell.log``."""
+    log_path = folder / "second-shell.log"
+    command, options = _shell(script, folder)
+    with log_path.open("w") as log:
+        done = subprocess.run(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+            check=False,
+            **options,
+        )
+    assert done.returncode == 0, log_path.read_text(errors="replace")[-4000:]
+    return log_path
+
+
 def run_deployment(
     *,
     clone: Path = ROOT,
@@ -635,43 +684,15 @@ def _run_deployment(
                 args=(collector_state, start, timeline, stop_watching),
                 daemon=True,
             ).start()
-        gym_log = folder / "first-shell.log"
-        with gym_log.open("w") as log:
-            # -e: stop at the first failing command, as a user would; -x: show which it was.
-            gym = subprocess.Popen(
-                ["bash", "-e", "-x", "-c", first_shell],
-                cwd=folder,
-                env={**env, "NEMO_GYM_FASTAPI_NUM_WORKERS": str(SERVER_WORKERS)},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-        def ready() -> bool:
-            if gym.poll() is not None:
-                tail = gym_log.read_text(errors="replace")[-4000:]
-                raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
-            return "servers ready!" in gym_log.read_text(errors="replace")
-
-        # Bounds, not timings: a cold pip cache and collector build take minutes.
-        eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
+        gym = start_first_shell(
+            first_shell, folder, {**env, "NEMO_GYM_FASTAPI_NUM_WORKERS": str(SERVER_WORKERS)}
+        )
+        wait_for_servers(gym, folder)
         timeline.servers_ready = time.monotonic() - start
         stub_pid = _stub_model_pid(gym.pid, folder, work / "stub-model.log")
         run_id = (work / "run-id").read_text().strip()
-        eval_log = folder / "second-shell.log"
-        with eval_log.open("w") as log:
-            second = subprocess.run(
-                ["bash", "-e", "-x", "-c", second_shell],
-                cwd=folder,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                timeout=900,
-                check=False,
-            )
+        eval_log = run_second_shell(second_shell, folder, env)
         timeline.eval_done = time.monotonic() - start
-        assert second.returncode == 0, eval_log.read_text(errors="replace")[-4000:]
         stats = json.loads(
             urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stats", timeout=10).read()
         )

@@ -58,7 +58,10 @@ from nemo_gym_deployment import (
     page_section,
     report_output_on_page,
     report_shape,
+    run_second_shell,
     shells_of,
+    start_first_shell,
+    wait_for_servers,
 )
 from span_support import carried_forward
 from waiting import eventually_blocking
@@ -256,43 +259,13 @@ def run_walk(clone: Path = ROOT) -> Walk:
     with ctrl_c_reaches_the_shells(), _collector_stopped_after(collector_state):
         try:
             start = began
-            gym_log = folder / "first-shell.log"
-            with gym_log.open("w") as log:
-                gym = subprocess.Popen(
-                    ["bash", "-e", "-x", "-c", first_shell],
-                    cwd=folder,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-
-            def ready() -> bool:
-                assert gym is not None
-                if gym.poll() is not None:
-                    tail = gym_log.read_text(errors="replace")[-4000:]
-                    raise AssertionError(f"the first shell exited {gym.returncode}:\n{tail}")
-                return "servers ready!" in gym_log.read_text(errors="replace")
-
-            # A bound, not a timing: a cold pip cache and collector build take minutes.
-            eventually_blocking(ready, "the first shell's servers", 1800, 0.5)
+            gym = start_first_shell(first_shell, folder, env)
+            wait_for_servers(gym, folder)
             seconds["servers ready"] = time.monotonic() - start
             stub_pid = _stub_model_pid(gym.pid, folder, work / "stub-model.log")
             run_id = (work / "run-id").read_text().strip()
-            eval_log = folder / "second-shell.log"
-            with eval_log.open("w") as log:
-                second = subprocess.run(
-                    ["bash", "-e", "-x", "-c", second_shell],
-                    cwd=folder,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    timeout=900,
-                    check=False,
-                )
+            run_second_shell(second_shell, folder, env)
             seconds["gym eval run ended"] = time.monotonic() - start
-            assert second.returncode == 0, eval_log.read_text(errors="replace")[-4000:]
             jaeger_query = _collector_lines(collector_state, "jaeger.env")["JAEGER_QUERY"]
             records = _settled_records(cluster, jaeger_query, run_id)
             # Ctrl-C, as a terminal sends it: SIGINT to the first shell's process group.
